@@ -1,0 +1,37 @@
+# One entry point for users and CI. Everything is set up from nothing:
+# `make test` on a clean clone creates the venv, builds the tiny model and runs
+# the suite, which starts (and stops) its own servers on 127.0.0.1.
+
+# The first Python 3.12+ that actually runs (a pyenv shim may exist but fail).
+PYTHON_BOOTSTRAP ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3; do \
+	$$p -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1 && { command -v $$p || echo $$p; } && break; done)
+VENV := .venv
+PY := $(VENV)/bin/python
+VLLM_MLX_VERSION := 0.6.0
+TINY_MODEL := build/tiny-model
+MODEL ?= $(TINY_MODEL)
+PYTEST_ARGS ?=
+
+.PHONY: setup tiny-model test demo bench serve e2e-claude clean
+
+setup: $(VENV)/.setup-done
+
+$(VENV)/.setup-done: requirements.txt
+	@test -n "$(PYTHON_BOOTSTRAP)" || { echo "error: Python >= 3.12 not found (set PYTHON_BOOTSTRAP=/path/to/python3.12)"; exit 1; }
+	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	# --no-deps: see requirements.txt for why torch & co. are left out.
+	$(PY) -m pip install --quiet --no-deps vllm-mlx==$(VLLM_MLX_VERSION)
+	touch $@
+
+tiny-model: $(TINY_MODEL)/config.json
+
+$(TINY_MODEL)/config.json: setup tools/build_tiny_model.py
+	$(PY) tools/build_tiny_model.py --out $(TINY_MODEL)
+
+test: setup tiny-model
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,127 @@
+"""Start real servers on 127.0.0.1 for tests, and always stop them.
+
+Every server a test starts goes through `running()`: it picks a free loopback
+port, waits until the server answers, and on exit (also on failure or Ctrl-C)
+terminates the whole process group, so no orphan keeps a port or a CPU core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status < 500
+    except urllib.error.HTTPError as error:
+        return error.code < 500
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=0.5):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def running(
+    name: str,
+    command: list[str],
+    *,
+    port: int,
+    log_dir: Path,
+    ready: Callable[[], bool] | None = None,
+    startup_timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO_ROOT,
+) -> Iterator[Server]:
+    """Run `command` (which must listen on `port`) for the duration of the block."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}-{port}.log"
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        command,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,  # its own process group: we stop children too
+    )
+    server = Server(name=name, port=port, process=process, log_path=log_path)
+    is_ready = ready or (lambda: port_open(port))
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while not is_ready():
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with {process.returncode} before it was ready:\n{server.log_text()[-4000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} not ready after {startup_timeout:.0f}s:\n{server.log_text()[-4000:]}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        stop(process)
+        log_file.close()
+
+
+def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=grace)
+
+
+def mitmdump_command(scripts: list[str], upstream: str, port: int, options: dict[str, object] | None = None) -> list[str]:
+    command = [str(VENV_BIN / "mitmdump"), "--mode", f"reverse:{upstream}", "--listen-host", LOOPBACK, "-p", str(port)]
+    for script in scripts:
+        command += ["-s", str(REPO_ROOT / script)]
+    for name, value in (options or {}).items():
+        command += ["--set", f"{name}={value}"]
+    return command
