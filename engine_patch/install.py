@@ -1,0 +1,188 @@
+"""Install the prefix cache into a running vllm-mlx (before its server starts).
+
+Four seams, each the narrowest that covers every request:
+- `mlx_lm.stream_generate`, which every SimpleEngine text generation ends in,
+  is wrapped by `CachedGeneration` (see there for why this depth).
+- vllm-mlx's own system-prefix cache (0.6.0) is switched off: it restores only
+  the system+tools prefix, keeps whole copies per slot and would take the
+  prompt before our cache sees it.
+- The engine's worker submissions run in the submitting request's context, so
+  the generation can tell the HTTP layer how much it reused.
+- The HTTP app gets `/v1/cache/stats`, `DELETE /v1/cache` and the usage fields.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from .cached_generation import CachedGeneration
+from .prefix_cache import PrefixCache
+from .usage_fields import ReuseUsageMiddleware
+
+logger = logging.getLogger("engine_patch")
+
+# Releases whose text path was read and found to end in mlx_lm.stream_generate.
+# 0.6.0 is tested in CI; older ones in this range are accepted when the seams
+# below are present, since they have no cache of their own to conflict with.
+SUPPORTED_VERSIONS = ((0, 2, 0), (0, 7, 0))
+
+
+@dataclass
+class Installed:
+    vllm_mlx_version: str
+    cache: PrefixCache
+    generation: CachedGeneration
+    patched: list[str]
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.cache.stats(),
+            "vllm_mlx_version": self.vllm_mlx_version,
+            "disabled_reasons": self.generation.unsupported_reasons(),
+        }
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    parts = []
+    for part in text.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def why_unsupported(vllm_mlx: Any) -> str | None:
+    """None when this vllm-mlx can be patched, else the reason it cannot."""
+    version = getattr(vllm_mlx, "__version__", "unknown")
+    low, high = SUPPORTED_VERSIONS
+    if not (low <= parse_version(version) < high):
+        return f"version {version} is outside the recognised range {'.'.join(map(str, low))} <= v < {'.'.join(map(str, high))}"
+    try:
+        from vllm_mlx.models.llm import MLXLanguageModel
+
+        source = inspect.getsource(MLXLanguageModel.stream_generate)
+    except Exception as error:
+        return f"cannot read MLXLanguageModel.stream_generate ({error!r})"
+    if "from mlx_lm import stream_generate" not in source:
+        return "MLXLanguageModel.stream_generate no longer calls mlx_lm.stream_generate"
+    return None
+
+
+def install(budget_bytes: int, max_entries: int | None = None) -> Installed | None:
+    import mlx_lm
+    import vllm_mlx
+
+    reason = why_unsupported(vllm_mlx)
+    if reason:
+        logger.warning("engine_patch: vllm-mlx left unpatched: %s", reason)
+        return None
+
+    cache = PrefixCache(budget_bytes=budget_bytes, max_entries=max_entries)
+    generation = CachedGeneration(mlx_lm.stream_generate, cache)
+    patched = ["mlx_lm.stream_generate"]
+    mlx_lm.stream_generate = generation
+    # mlx_lm.generate() (vllm-mlx's non-streamed path) calls its module's global.
+    sys.modules["mlx_lm.generate"].stream_generate = generation
+
+    patched += _disable_builtin_prefix_cache()
+    patched += _carry_request_context_to_worker()
+    installed = Installed(vllm_mlx.__version__, cache, generation, patched)
+    patched += _add_http_endpoints(installed)
+
+    limit = f", at most {max_entries} entries" if max_entries else ""
+    logger.info(
+        "engine_patch: prefix cache installed on vllm-mlx %s (budget %s%s; patched %s)",
+        vllm_mlx.__version__,
+        format_bytes(budget_bytes),
+        limit,
+        ", ".join(patched),
+    )
+    return installed
+
+
+def _disable_builtin_prefix_cache() -> list[str]:
+    try:
+        from vllm_mlx.engine import simple
+    except ImportError:
+        return []
+    if not hasattr(simple, "build_system_prompt_cache_prefix"):
+        return []  # releases before the system-prefix cache existed
+    # With no system prefix found, SimpleEngine takes its plain path, which
+    # ends in the wrapped mlx_lm.stream_generate.
+    simple.build_system_prompt_cache_prefix = lambda *args, **kwargs: None
+    return ["SimpleEngine system-prefix cache (off)"]
+
+
+def _carry_request_context_to_worker() -> list[str]:
+    try:
+        from vllm_mlx.engine.simple import SimpleEngine
+    except ImportError:
+        return []
+    submit = getattr(SimpleEngine, "_submit_to_generation_worker", None)
+    if submit is None:
+        return []  # older releases use asyncio.to_thread, which copies the context itself
+
+    @functools.wraps(submit)
+    async def submit_in_callers_context(self, worker, fn, /, *args, **kwargs):
+        context = contextvars.copy_context()
+        return await submit(self, worker, functools.partial(context.run, fn), *args, **kwargs)
+
+    SimpleEngine._submit_to_generation_worker = submit_in_callers_context
+    return ["SimpleEngine worker context"]
+
+
+def _add_http_endpoints(installed: Installed) -> list[str]:
+    from fastapi import Depends
+    from fastapi.routing import APIRoute
+    from vllm_mlx import server
+
+    dependencies = [Depends(server.verify_api_key)] if hasattr(server, "verify_api_key") else []
+    app = server.app
+    original_clear = _remove_route(app, "/v1/cache", "DELETE", APIRoute)
+    _remove_route(app, "/v1/cache/stats", "GET", APIRoute)
+
+    async def cache_stats():
+        return installed.stats()
+
+    async def clear_cache():
+        dropped = installed.cache.clear()
+        result: dict[str, Any] = {"status": "cleared", "entries_dropped": dropped}
+        if original_clear is not None:
+            try:
+                result["vllm_mlx"] = await original_clear()
+            except Exception as error:
+                result["vllm_mlx"] = {"error": repr(error)}
+        return result
+
+    app.add_api_route("/v1/cache/stats", cache_stats, methods=["GET"], dependencies=dependencies)
+    app.add_api_route("/v1/cache", clear_cache, methods=["DELETE"], dependencies=dependencies)
+    app.add_middleware(ReuseUsageMiddleware)
+    return ["GET /v1/cache/stats", "DELETE /v1/cache", "usage fields"]
+
+
+def _remove_route(app, path: str, method: str, route_type):
+    """Drop a route so ours answers instead; return its endpoint, if any."""
+    endpoint = None
+    kept = []
+    for route in app.router.routes:
+        if isinstance(route, route_type) and route.path == path and method in route.methods:
+            endpoint = route.endpoint
+        else:
+            kept.append(route)
+    app.router.routes[:] = kept
+    return endpoint
+
+
+def format_bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"

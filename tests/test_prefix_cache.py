@@ -1,0 +1,232 @@
+"""PrefixCache without a server: hits, misses, longest common prefix, trimming,
+eviction order, the byte budget, and that a restored cache computes exactly what
+a full prefill computes."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import qwen2
+from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
+
+from engine_patch.prefix_cache import PrefixCache, UnsupportedCache, check_snapshot_support, snapshot
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def model():
+    mx.random.seed(7)
+    args = qwen2.ModelArgs(
+        model_type="qwen2",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB,
+        tie_word_embeddings=True,
+    )
+    model = qwen2.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def tokens(seed: int, length: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, VOCAB, length).tolist()
+
+
+def prefilled(model, prompt: list[int]):
+    """A live cache holding `prompt`, as a finished request leaves it."""
+    cache = make_prompt_cache(model)
+    model(mx.array(prompt)[None], cache=cache)
+    return cache
+
+
+def last_logits(model, cache, suffix: list[int]) -> np.ndarray:
+    logits = model(mx.array(suffix)[None], cache=cache)
+    return np.array(logits[0, -1].astype(mx.float32))
+
+
+def bytes_per_token(model) -> int:
+    cache = prefilled(model, [1])
+    return sum(array.nbytes for layer in cache for array in layer.state)
+
+
+def test_an_empty_cache_misses_and_counts_the_whole_prompt_as_prefilled(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    fetched = cache.fetch(model, tokens(1, 20))
+    assert fetched.reused == 0
+    assert cache.stats()["misses"] == 1
+    assert cache.stats()["tokens_prefilled"] == 20
+
+
+def test_a_prompt_that_extends_a_stored_one_reuses_all_of_it(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    turn1 = tokens(1, 30)
+    cache.store(turn1, prefilled(model, turn1))
+    turn2 = turn1 + tokens(2, 10)
+    fetched = cache.fetch(model, turn2)
+    assert fetched.reused == 30
+    assert fetched.prompt_cache[0].offset == 30
+    assert cache.stats()["tokens_prefilled"] == 10
+
+
+def test_restored_state_gives_the_same_logits_as_a_full_prefill(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    turn1 = tokens(1, 40)
+    cache.store(turn1, prefilled(model, turn1))
+    turn2 = turn1 + tokens(3, 12)
+    fetched = cache.fetch(model, turn2)
+    cached = last_logits(model, fetched.prompt_cache, turn2[fetched.reused :])
+    full = last_logits(model, make_prompt_cache(model), turn2)
+    np.testing.assert_allclose(cached, full, atol=1e-2)
+    assert cached.argmax() == full.argmax()
+
+
+def test_a_prompt_that_diverges_midway_reuses_the_common_prefix_by_trimming(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    stored = tokens(1, 40)
+    cache.store(stored, prefilled(model, stored))
+    edited = stored[:25] + tokens(4, 10)
+    fetched = cache.fetch(model, edited)
+    assert fetched.reused == 25
+    assert fetched.prompt_cache[0].offset == 25
+    cached = last_logits(model, fetched.prompt_cache, edited[25:])
+    full = last_logits(model, make_prompt_cache(model), edited)
+    assert cached.argmax() == full.argmax()
+    np.testing.assert_allclose(cached, full, atol=1e-2)
+
+
+def test_an_identical_prompt_leaves_its_last_token_to_prefill(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    prompt = tokens(1, 30)
+    cache.store(prompt, prefilled(model, prompt))
+    assert cache.fetch(model, prompt).reused == 29
+
+
+def test_the_longest_match_wins_among_lanes(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    main_lane, subagent_lane = tokens(1, 30), tokens(2, 30)
+    cache.store(main_lane, prefilled(model, main_lane))
+    cache.store(subagent_lane, prefilled(model, subagent_lane))
+    assert cache.fetch(model, main_lane + [5]).reused == 30
+    assert cache.fetch(model, subagent_lane + [5]).reused == 30
+    assert cache.stats()["entries"] == 2
+
+
+def test_a_state_that_extends_an_entry_replaces_it(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    turn1 = tokens(1, 20)
+    turn2 = turn1 + tokens(2, 20)
+    cache.store(turn1, prefilled(model, turn1))
+    cache.store(turn2, prefilled(model, turn2))
+    assert cache.stats()["entries"] == 1
+    assert cache.stats()["entry_tokens"] == [40]
+
+
+def test_a_state_already_held_as_a_prefix_is_not_stored_twice(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    long = tokens(1, 40)
+    cache.store(long, prefilled(model, long))
+    cache.store(long[:20], prefilled(model, long[:20]))
+    assert cache.stats()["entry_tokens"] == [40]
+    assert cache.stats()["stores"] == 1
+
+
+def test_the_cache_may_hold_fewer_tokens_than_reported_and_keeps_only_those(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    prompt, generated = tokens(1, 20), tokens(2, 3)
+    # The last generated token is never fed back into the model.
+    cache.store(prompt + generated, prefilled(model, prompt + generated[:-1]))
+    assert cache.stats()["entry_tokens"] == [22]
+
+
+def test_least_recently_used_lane_is_evicted_first(model):
+    per_entry = 20 * bytes_per_token(model)
+    cache = PrefixCache(budget_bytes=2 * per_entry)
+    lane_a, lane_b, lane_c = tokens(1, 20), tokens(2, 20), tokens(3, 20)
+    cache.store(lane_a, prefilled(model, lane_a))
+    cache.store(lane_b, prefilled(model, lane_b))
+    assert cache.fetch(model, lane_a + [1]).reused == 20  # lane a is now the most recent
+    cache.store(lane_c, prefilled(model, lane_c))
+    assert cache.stats()["evictions"] == 1
+    assert cache.fetch(model, lane_b + [1]).reused == 0
+    assert cache.fetch(model, lane_a + [1]).reused == 20
+    assert cache.fetch(model, lane_c + [1]).reused == 20
+
+
+def test_entry_count_bound_evicts_too(model):
+    cache = PrefixCache(budget_bytes=10**9, max_entries=2)
+    for seed in (1, 2, 3):
+        lane = tokens(seed, 10)
+        cache.store(lane, prefilled(model, lane))
+    assert cache.stats()["entries"] == 2
+    assert cache.stats()["evictions"] == 1
+
+
+def test_bytes_held_are_counted_exactly_and_never_exceed_the_budget(model):
+    per_token = bytes_per_token(model)
+    budget = 70 * per_token
+    cache = PrefixCache(budget_bytes=budget)
+    rng = np.random.default_rng(0)
+    for seed in range(12):
+        lane = tokens(seed, int(rng.integers(5, 40)))
+        cache.store(lane, prefilled(model, lane))
+        stats = cache.stats()
+        assert stats["bytes"] <= budget
+        assert stats["bytes"] == sum(stats["entry_tokens"]) * per_token
+
+
+def test_a_state_larger_than_the_budget_is_trimmed_to_fit(model):
+    per_token = bytes_per_token(model)
+    cache = PrefixCache(budget_bytes=25 * per_token)
+    prompt = tokens(1, 40)
+    cache.store(prompt, prefilled(model, prompt))
+    assert cache.stats()["entry_tokens"] == [25]
+    assert cache.stats()["trimmed_to_fit"] == 1
+    assert cache.fetch(model, prompt + [1]).reused == 25
+
+
+def test_a_restored_cache_never_writes_into_the_snapshot(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    stored = tokens(1, 40)
+    cache.store(stored, prefilled(model, stored))
+    held = [np.array(array) for layer in cache.entries[0].layers for array in layer.state]
+
+    # Trimmed, then extended: the cache writes new keys into its existing buffer.
+    first = cache.fetch(model, stored[:30] + tokens(5, 8))
+    last_logits(model, first.prompt_cache, tokens(5, 8))
+    last_logits(model, first.prompt_cache, tokens(6, 3))
+
+    after = [np.array(array) for layer in cache.entries[0].layers for array in layer.state]
+    for before_array, after_array in zip(held, after):
+        np.testing.assert_array_equal(before_array, after_array)
+    second = cache.fetch(model, stored + [9])
+    full = last_logits(model, make_prompt_cache(model), stored + [9])
+    assert last_logits(model, second.prompt_cache, [9]).argmax() == full.argmax()
+
+
+def test_clear_drops_every_entry(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    prompt = tokens(1, 10)
+    cache.store(prompt, prefilled(model, prompt))
+    assert cache.clear() == 1
+    assert cache.stats()["entries"] == 0
+    assert cache.stats()["bytes"] == 0
+
+
+def test_snapshots_are_compact_copies(model):
+    live = prefilled(model, tokens(1, 10))  # KVCache allocates 256-token steps
+    layers = snapshot(live)
+    assert all(array.shape[2] == 10 for layer in layers for array in layer.state)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [RotatingKVCache(max_size=64, keep=4), QuantizedKVCache(group_size=64, bits=8)],
+    ids=["sliding-window", "quantized"],
+)
+def test_caches_that_cannot_be_restored_exactly_are_refused(layer):
+    with pytest.raises(UnsupportedCache):
+        check_snapshot_support([layer])
