@@ -1,0 +1,260 @@
+"""Install the real Claude Code CLI (pinned) and run it offline against a local endpoint.
+
+The CLI comes from npm into a git-ignored folder next to the repository
+(`.claude-cli/`), never into the user's global npm prefix. Every run gets a
+throwaway sandbox: its own HOME, CLAUDE_CONFIG_DIR (with onboarding done, the
+dummy API key approved and the working directory trusted, so no dialog waits
+for a keypress) and working directory, so nothing of the user's own Claude Code
+set-up is read or changed.
+
+    python tools/claude_code.py install          # idempotent; prints the binary and its version
+    python tools/claude_code.py run --base-url http://127.0.0.1:8080 -- -p "hello"
+
+Two ways to drive it:
+- `ClaudeCode.print_turn()`: `claude -p` (and `--continue` for later turns), one
+  request per turn on the main lane; the process exits when the turn is done.
+- `InteractiveSession`: the full-screen UI under tmux, as a user runs it. It also
+  sends side requests (a session-title request per user turn) on their own lane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLI_PACKAGE = "@anthropic-ai/claude-code"
+# Pinned: the request shapes (tools, system blocks, side requests) change between releases.
+CLI_VERSION = "2.1.332"
+DEFAULT_CLI_DIR = REPO_ROOT / ".claude-cli"
+# Any key works offline; Claude Code remembers approval by the key's last 20 characters.
+DUMMY_API_KEY = "sk-ant-api03-offline-e2e-0000000000000000000000000000"
+# A cold Claude Code prompt can take minutes to prefill on a CPU; the CLI's default
+# request timeout is 10 minutes, after which it retries (a second cold prefill).
+REQUEST_TIMEOUT_MS = 30 * 60 * 1000
+NATIVE_MAGICS = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"MZ")
+
+
+class ClaudeCodeUnavailable(RuntimeError):
+    """The CLI cannot be installed or started here (no npm, no network for npm, no binary)."""
+
+
+def is_native_executable(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(4).startswith(NATIVE_MAGICS)
+    except OSError:
+        return False
+
+
+def find_binary(cli_dir: Path = DEFAULT_CLI_DIR) -> Path | None:
+    """The native `claude` binary inside an npm install, or None.
+
+    The wrapper package's postinstall copies the platform binary over
+    `bin/claude.exe`; when npm skipped install scripts it is still a placeholder,
+    and the binary lives in the platform package (`claude-code-<os>-<arch>`).
+    """
+    modules = cli_dir / "node_modules" / "@anthropic-ai"
+    wrapper_binary = modules / "claude-code" / "bin" / "claude.exe"
+    if is_native_executable(wrapper_binary):
+        return wrapper_binary
+    for platform_binary in sorted(modules.glob("claude-code-*/claude")):
+        if is_native_executable(platform_binary):
+            return platform_binary
+    return None
+
+
+def installed_version(binary: Path) -> str | None:
+    try:
+        completed = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60,
+                                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    # `2.1.332 (Claude Code)`
+    return completed.stdout.split()[0] if completed.returncode == 0 and completed.stdout.strip() else None
+
+
+def install(cli_dir: Path = DEFAULT_CLI_DIR, version: str = CLI_VERSION) -> Path:
+    """Install the pinned CLI into `cli_dir` unless it is already there; return the binary."""
+    binary = find_binary(cli_dir)
+    if binary and installed_version(binary) == version:
+        return binary
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ClaudeCodeUnavailable(
+            f"npm not found on PATH, so Claude Code {version} cannot be installed into {cli_dir}. "
+            "Install Node.js with npm (https://nodejs.org) and run `make e2e-claude` again.")
+    command = [npm, "install", "--prefix", str(cli_dir), "--no-audit", "--no-fund", "--no-save",
+               "--loglevel=error", f"{CLI_PACKAGE}@{version}"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if completed.returncode != 0:
+        raise ClaudeCodeUnavailable(
+            f"`{' '.join(command)}` failed with exit code {completed.returncode}:\n{completed.stderr[-3000:]}")
+    binary = find_binary(cli_dir)
+    if binary is None:
+        raise ClaudeCodeUnavailable(
+            f"npm installed {CLI_PACKAGE}@{version} into {cli_dir}, but no native `claude` binary for this "
+            f"platform ({sys.platform}) was found in it (optional platform package missing?)")
+    found_version = installed_version(binary)
+    if found_version != version:
+        raise ClaudeCodeUnavailable(f"{binary} reports version {found_version!r}, expected {version}")
+    return binary
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A throwaway HOME, CLAUDE_CONFIG_DIR and working directory for one conversation."""
+
+    home: Path
+    config_dir: Path
+    workdir: Path
+
+    @classmethod
+    def create(cls, root: Path, api_key: str = DUMMY_API_KEY) -> Sandbox:
+        sandbox = cls(home=root / "home", config_dir=root / "claude-config", workdir=root / "project")
+        for folder in (sandbox.home, sandbox.config_dir, sandbox.workdir):
+            folder.mkdir(parents=True, exist_ok=True)
+        # Each key answers a first-run dialog that would otherwise wait for a keypress.
+        global_config = {
+            "hasCompletedOnboarding": True,
+            "lastOnboardingVersion": CLI_VERSION,
+            "theme": "dark",
+            "customApiKeyResponses": {"approved": [api_key[-20:]], "rejected": []},
+            "projects": {str(sandbox.workdir.resolve()): {
+                "hasTrustDialogAccepted": True,
+                "hasCompletedProjectOnboarding": True,
+                "allowedTools": [],
+            }},
+        }
+        (sandbox.config_dir / ".claude.json").write_text(json.dumps(global_config, indent=2))
+        return sandbox
+
+
+@dataclass(frozen=True)
+class ClaudeCode:
+    """The pinned CLI, pointed at `base_url` (our proxy), inside one sandbox."""
+
+    binary: Path
+    sandbox: Sandbox
+    base_url: str
+    api_key: str = DUMMY_API_KEY
+
+    def environment(self, *, side_requests: bool = False) -> dict[str, str]:
+        """A minimal environment: nothing of the caller's shell leaks in (no real keys, no proxies).
+
+        `side_requests=False` sets CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC, which also
+        stops the session-title requests; with True, telemetry, error reporting and
+        updates are still off one by one, so the only traffic is to `base_url`.
+        """
+        environment = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.sandbox.home),
+            "TERM": "xterm-256color",
+            "LANG": "C.UTF-8",
+            "CLAUDE_CONFIG_DIR": str(self.sandbox.config_dir),
+            "ANTHROPIC_BASE_URL": self.base_url,
+            "ANTHROPIC_API_KEY": self.api_key,
+            "API_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
+            "CLAUDE_CODE_MAX_RETRIES": "0",  # a retry would be a second cold prefill and blur the lanes
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+        }
+        if not side_requests:
+            environment["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
+        return environment
+
+    def print_turn(self, prompt: str, *, continue_conversation: bool = False,
+                   timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
+        """One `claude -p` turn (`--continue` resumes the latest conversation in the workdir)."""
+        command = [str(self.binary), "-p", prompt]
+        if continue_conversation:
+            command.insert(1, "--continue")
+        return subprocess.run(command, cwd=self.sandbox.workdir, env=self.environment(), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    @contextlib.contextmanager
+    def interactive(self, *, columns: int = 160, rows: int = 50) -> Iterator[InteractiveSession]:
+        """The full-screen UI in a detached tmux session, with side requests enabled."""
+        tmux = shutil.which("tmux")
+        if tmux is None:
+            raise ClaudeCodeUnavailable("tmux not found on PATH; the interactive Claude Code run needs it")
+        session = InteractiveSession(tmux=tmux, name=f"claude-e2e-{uuid.uuid4().hex[:8]}")
+        # tmux passes its server's environment, not ours, to the pane: `env -i` sets it exactly.
+        assignments = [f"{name}={value}" for name, value in self.environment(side_requests=True).items()]
+        command = ["env", "-i", *assignments, str(self.binary)]
+        subprocess.run([tmux, "new-session", "-d", "-s", session.name, "-x", str(columns), "-y", str(rows),
+                        "-c", str(self.sandbox.workdir), *command], check=True)
+        try:
+            yield session
+        finally:
+            session.close()
+
+
+@dataclass
+class InteractiveSession:
+    tmux: str
+    name: str
+
+    def screen(self) -> str:
+        completed = subprocess.run([self.tmux, "capture-pane", "-p", "-t", self.name],
+                                   capture_output=True, text=True)
+        return completed.stdout
+
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Claude Code (tmux session {self.name}): {what} did not happen within "
+                                   f"{timeout:.0f}s; screen:\n{self.screen()}")
+            time.sleep(0.5)
+
+    def wait_until_ready(self, timeout: float = 60.0) -> None:
+        # The prompt box is drawn once start-up (and any dialog) is over.
+        self.wait_for(lambda: "❯" in self.screen(), "the input prompt", timeout)
+
+    def type_message(self, text: str) -> None:
+        # Literal text, then Enter as a separate key: a pasted newline would not submit.
+        subprocess.run([self.tmux, "send-keys", "-t", self.name, "-l", text], check=True)
+        time.sleep(0.5)
+        subprocess.run([self.tmux, "send-keys", "-t", self.name, "Enter"], check=True)
+
+    def close(self) -> None:
+        subprocess.run([self.tmux, "kill-session", "-t", self.name], capture_output=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    install_parser = commands.add_parser("install", help=f"install {CLI_PACKAGE}@{CLI_VERSION} (idempotent)")
+    install_parser.add_argument("--cli-dir", type=Path, default=DEFAULT_CLI_DIR)
+    run_parser = commands.add_parser("run", help="run the CLI in a throwaway sandbox against --base-url")
+    run_parser.add_argument("--cli-dir", type=Path, default=DEFAULT_CLI_DIR)
+    run_parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8080 (the mitmdump proxy)")
+    run_parser.add_argument("--sandbox", type=Path, required=True, help="folder for HOME, config and workdir")
+    run_parser.add_argument("arguments", nargs=argparse.REMAINDER, help="arguments for claude, after --")
+    args = parser.parse_args()
+    try:
+        binary = install(args.cli_dir)
+    except ClaudeCodeUnavailable as error:
+        sys.exit(f"error: {error}")
+    if args.command == "install":
+        print(f"{binary} ({installed_version(binary)})")
+        return
+    claude = ClaudeCode(binary=binary, sandbox=Sandbox.create(args.sandbox), base_url=args.base_url)
+    arguments = [argument for argument in args.arguments if argument != "--"]
+    sys.exit(subprocess.call([str(binary), *arguments], cwd=claude.sandbox.workdir, env=claude.environment()))
+
+
+if __name__ == "__main__":
+    main()
