@@ -1,0 +1,210 @@
+"""Prompt order: the bytes of a request in the order a model reads them.
+
+A prefix cache can reuse the beginning of a prompt only as far as its bytes
+are unchanged, so "how stable is the prefix" must be measured in the order the
+prompt is rendered, not in the order JSON keys happen to be sent:
+
+  1. the system text: the `system` string or each `system` text block
+     (Anthropic), the leading system messages (OpenAI), then any `role:system`
+     message found inside `messages`, because vllm-mlx hoists those to the
+     front (that is the very break the system_messages rule removes);
+  2. the tool definitions, in the order given;
+  3. the other messages, in order.
+
+Each piece is a `Segment` with its JSON path in the request body. Segments are
+serialized deterministically (canonical JSON: sorted keys, no spaces, UTF-8),
+each followed by a newline, with every `cache_control` marker left out:
+Claude Code moves those to the newest turn every time and they do not change
+what the model reads.
+
+The diagnosis and the captures CLI both compare two requests with `compare()`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from addons.normalize import Api
+
+SEGMENT_END = b"\n"
+
+
+@dataclass(frozen=True)
+class Segment:
+    path: str  # e.g. "system[0]", "tools[3]", "messages[12]"
+    value: Any  # the JSON value, cache_control removed
+    data: bytes  # its serialization, SEGMENT_END included
+
+
+@dataclass(frozen=True)
+class PromptOrder:
+    segments: tuple[Segment, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(len(segment.data) for segment in self.segments)
+
+    def to_bytes(self) -> bytes:
+        return b"".join(segment.data for segment in self.segments)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    path: str  # deepest JSON path (in the current body) where the two first differ
+    byte_offset: int  # offset of the first differing byte in prompt order
+    segment_index: int  # which segment of the current order (may equal its length: "ran out")
+    offset_in_segment: int
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "byte_offset": self.byte_offset}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The current request against the previous one."""
+
+    stable_prefix_bytes: int  # bytes both share from the start
+    total_bytes: int  # of the current request
+    previous_total_bytes: int
+    first_divergence: Divergence | None  # None: the two are identical
+
+    @property
+    def prefix_kept(self) -> bool:
+        """All of the previous prompt is a prefix of this one: a cache holding
+        the previous request can be reused in full."""
+        return self.stable_prefix_bytes == self.previous_total_bytes
+
+    @property
+    def stable_prefix_ratio(self) -> float:
+        return self.stable_prefix_bytes / self.total_bytes if self.total_bytes else 1.0
+
+
+def without_cache_control(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: without_cache_control(item) for key, item in value.items() if key != "cache_control"}
+    if isinstance(value, list):
+        return [without_cache_control(item) for item in value]
+    return value
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+
+def _system_text(value: Any) -> str | None:
+    """The text of a system-prompt piece: a string, a text block, or a system
+    message whose content is a string or text parts. None for other shapes."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and value.get("type") == "text" and isinstance(value.get("text"), str):
+        return value["text"]
+    if isinstance(value, dict) and "role" in value:
+        content = value.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+            return "\n".join(part["text"] for part in content)
+    return None
+
+
+def _segment(path: str, value: Any, *, system: bool = False) -> Segment:
+    value = without_cache_control(value)
+    text = _system_text(value) if system else None
+    # System text is read as text (so a divergence can be traced to a line);
+    # everything else as canonical JSON.
+    data = text.encode("utf-8", "surrogatepass") if text is not None else canonical_json(value)
+    return Segment(path, value, data + SEGMENT_END)
+
+
+def _is_system_message(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") in ("system", "developer")
+
+
+def prompt_order(body: dict, api: Api) -> PromptOrder:
+    system: list[Segment] = []
+    if api == "anthropic":
+        value = body.get("system")
+        if isinstance(value, str):
+            system.append(_segment("system", value, system=True))
+        elif isinstance(value, list):
+            system += [_segment(f"system[{index}]", block, system=True) for index, block in enumerate(value)]
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    system += [_segment(f"messages[{i}]", m, system=True) for i, m in enumerate(messages) if _is_system_message(m)]
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    tool_segments = [_segment(f"tools[{index}]", tool) for index, tool in enumerate(tools)]
+    conversation = [_segment(f"messages[{i}]", m) for i, m in enumerate(messages) if not _is_system_message(m)]
+    return PromptOrder(tuple(system + tool_segments + conversation))
+
+
+def _common_prefix_length(a: bytes, b: bytes) -> int:
+    """Binary search on slice equality: C-speed compares, log(n) of them."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def compare(previous: PromptOrder, current: PromptOrder) -> Comparison:
+    stable = 0
+    divergence = None
+    for index, segment in enumerate(current.segments):
+        before = previous.segments[index] if index < len(previous.segments) else None
+        if before is not None and before.data == segment.data:
+            stable += len(segment.data)
+            continue
+        if before is None:
+            divergence = Divergence(segment.path, stable, index, 0)
+        else:
+            shared = _common_prefix_length(before.data, segment.data)
+            path = _deepest_difference(segment.path, before.value, segment.value)
+            divergence = Divergence(path, stable + shared, index, shared)
+            stable += shared
+        break
+    else:
+        if len(previous.segments) > len(current.segments):  # the current one is shorter
+            index = len(current.segments)
+            divergence = Divergence(previous.segments[index].path, stable, index, 0)
+    return Comparison(stable, current.total_bytes, previous.total_bytes, divergence)
+
+
+def line_at(segment: Segment, offset: int) -> str:
+    """The text line of a segment that holds byte `offset`."""
+    start = segment.data.rfind(b"\n", 0, offset) + 1
+    end = segment.data.find(b"\n", offset)
+    return segment.data[start : end if end >= 0 else len(segment.data)].decode("utf-8", "replace")
+
+
+def _deepest_difference(path: str, before: Any, after: Any) -> str:
+    """Walk into both values to the first place they differ, keys in sorted
+    order as serialized: `messages[12]` -> `messages[12].content[0].text`."""
+    while True:
+        if isinstance(before, dict) and isinstance(after, dict):
+            for key in sorted(set(before) | set(after)):
+                if before.get(key, _MISSING) != after.get(key, _MISSING):
+                    if key not in before or key not in after:
+                        return f"{path}.{key}"
+                    path, before, after = f"{path}.{key}", before[key], after[key]
+                    break
+            else:
+                return path
+        elif isinstance(before, list) and isinstance(after, list):
+            for index in range(max(len(before), len(after))):
+                if index >= len(before) or index >= len(after):
+                    return f"{path}[{index}]"
+                if before[index] != after[index]:
+                    path, before, after = f"{path}[{index}]", before[index], after[index]
+                    break
+            else:
+                return path
+        else:
+            return path
+
+
+_MISSING = object()
+
