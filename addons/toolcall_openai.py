@@ -24,7 +24,7 @@ from addons.sse_events import SSEEvent, SSEParser, format_event
 from addons.text_tool_calls import SYNTAXES, Piece, Text, ToolCall, ToolCallScanner
 
 # A converted call replaces these; "length" and the like still tell the truth.
-_NATURAL_FINISHES = {"stop", None}
+_NATURAL_FINISHES = {"stop"}
 
 
 def new_tool_call_id() -> str:
@@ -117,7 +117,8 @@ class OpenAIStreamRewriter:
         finish_reason = choice.get("finish_reason")
         if finish_reason is not None:
             pieces += self._finish_choice(state)
-        new_finish = "tool_calls" if state.calls and finish_reason in _NATURAL_FINISHES else finish_reason
+        made_calls = state.calls + sum(isinstance(piece, ToolCall) for piece in pieces)
+        new_finish = "tool_calls" if made_calls and finish_reason in _NATURAL_FINISHES else finish_reason
         if new_finish == finish_reason and (pieces == [Text(content)] or (not content and not pieces)):
             return None
         rest_of_delta = {key: value for key, value in delta.items() if key != "content"}
