@@ -54,8 +54,8 @@ GENERAL_LANE = "sub:general-purpose"
 # is ~23K tokens: ~5.6K of instructions and ~17.6K of tool definitions.
 MAIN_INSTRUCTIONS_TOKENS = 5_600
 MAIN_TOOLS_TOKENS = 17_600
-EXPLORE_INSTRUCTIONS_TOKENS = 2_400
-GENERAL_INSTRUCTIONS_TOKENS = 3_200
+EXPLORE_INSTRUCTIONS_TOKENS = 2_000
+GENERAL_INSTRUCTIONS_TOKENS = 2_400
 TITLE_INSTRUCTIONS_TOKENS = 160
 SYSTEM_REMINDER_TOKENS = 220
 
@@ -133,7 +133,14 @@ class _Text:
                 current = []
         if current:
             paragraphs.append(" ".join(current))
-        return "\n\n".join(paragraphs)
+        return self.clip("\n\n".join(paragraphs), target)
+
+    @staticmethod
+    def clip(text: str, max_chars: int) -> str:
+        """`text` cut at a word boundary to at most `max_chars` (so small scales stay proportional)."""
+        if len(text) <= max_chars:
+            return text
+        return text[:max_chars].rsplit(" ", 1)[0].rstrip(".,") + "."
 
     def identifier(self) -> str:
         return f"{self.rng.choice(IDENTIFIERS)}_{self.rng.choice(WORDS)}"
@@ -192,13 +199,13 @@ def _json_schema(text: _Text, tokens: float) -> dict:
     while len(json.dumps(properties)) < budget or not properties:
         name = f"{text.rng.choice(WORDS)}_{text.rng.choice(WORDS)}"
         kind = text.rng.choice(("string", "string", "integer", "boolean", "array", "enum", "object"))
-        description = text.sentence(8, 24)
+        description = text.clip(text.sentence(8, 24), max(24, budget // 4))
         if kind == "array":
             prop = {"type": "array", "items": {"type": "string"}, "description": description}
         elif kind == "enum":
             prop = {"type": "string", "enum": sorted({text.rng.choice(WORDS) for _ in range(4)}), "description": description}
         elif kind == "object":
-            inner = {f"{text.rng.choice(WORDS)}": {"type": "string", "description": text.sentence(4, 10)} for _ in range(2)}
+            inner = {f"{text.rng.choice(WORDS)}": {"type": "string", "description": text.clip(text.sentence(4, 10), max(24, budget // 8))} for _ in range(2)}
             prop = {"type": "object", "properties": inner, "additionalProperties": False, "description": description}
         else:
             prop = {"type": kind, "description": description}

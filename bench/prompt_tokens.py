@@ -1,0 +1,81 @@
+"""The token ids vllm-mlx prefills for a `/v1/messages` request, computed without a server.
+
+The benchmark needs them to know what an *ideal* cache could have reused: the
+longest common token prefix of a request with any earlier request of the run.
+The ids must be the ones the engine really sees, so this calls vllm-mlx's own
+conversion steps in the order its Anthropic route and SimpleEngine run them
+(Anthropic -> OpenAI request, message preparation incl. its billing-line
+canonicalization and system-message hoisting, tool conversion, chat template,
+encode). Only the server and engine objects are left out; none of these steps
+depends on model weights. `tests/test_bench_smoke.py` checks the counts against
+the prompt sizes the patched server reports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+# What _prepare_chat_messages reads from the engine for a text-only model.
+_TEXT_ENGINE = SimpleNamespace(is_mllm=False, preserve_native_tool_format=False, use_harmony_rendering=False)
+
+
+class PromptRenderer:
+    """Renders request bodies to prompt token ids with one model's tokenizer and chat template."""
+
+    def __init__(self, model_dir: Path, served_model_name: str | None = None):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        # SimpleEngine enables thinking unless the model name says "coder".
+        self.enable_thinking = "coder" not in (served_model_name or str(model_dir)).lower()
+
+    def prompt_text(self, body: dict[str, Any]) -> str:
+        from vllm_mlx import server
+        from vllm_mlx.api.anthropic_adapter import anthropic_to_openai
+        from vllm_mlx.api.anthropic_models import AnthropicRequest
+        from vllm_mlx.api.tool_calling import convert_tools_for_template
+        from vllm_mlx.engine.chat_template_safety import normalize_messages_for_chat_template
+
+        request = anthropic_to_openai(AnthropicRequest(**body))
+        messages, *_ = server._prepare_chat_messages(_TEXT_ENGINE, request.messages)
+        template_kwargs: dict[str, Any] = {
+            "tokenize": False,
+            "add_generation_prompt": True,
+            "enable_thinking": self.enable_thinking,
+        }
+        if request.tools and request.tool_choice != "none":
+            # Converted twice, as the route and then the engine do; the second pass is a no-op.
+            template_kwargs["tools"] = convert_tools_for_template(convert_tools_for_template(request.tools))
+        return self.tokenizer.apply_chat_template(normalize_messages_for_chat_template(messages), **template_kwargs)
+
+    def token_ids(self, body: dict[str, Any]) -> list[int]:
+        prompt = self.prompt_text(body)
+        bos = self.tokenizer.bos_token
+        return self.tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+
+
+def common_prefix_length(a: list[int] | np.ndarray, b: list[int] | np.ndarray) -> int:
+    """Number of leading token ids that `a` and `b` share."""
+    length = min(len(a), len(b))
+    if length == 0:
+        return 0
+    differs = np.asarray(a[:length]) != np.asarray(b[:length])
+    return int(np.argmax(differs)) if differs.any() else length
+
+
+def ideal_reusable_tokens(prompts: list[list[int]]) -> list[int]:
+    """For each prompt, the longest prefix it shares with ANY earlier prompt of the run.
+
+    That is what a cache holding every earlier request's KV state could reuse. It
+    is capped at `len(prompt) - 1`: an engine must compute at least the last
+    prompt token to get logits for the first output token.
+    """
+    reusable = []
+    for index, prompt in enumerate(prompts):
+        best = max((common_prefix_length(prompt, earlier) for earlier in prompts[:index]), default=0)
+        reusable.append(min(best, max(0, len(prompt) - 1)))
+    return reusable

@@ -1,0 +1,117 @@
+"""The benchmark's figures, on a hand-made trace whose answers are worked out by hand."""
+
+import pytest
+
+from bench.metrics import (
+    mark_cold_and_warm,
+    percentile,
+    proxy_overhead_ms,
+    reuse_efficiency,
+    summarize,
+    warm_ttft_growth_ms_per_1k_tokens,
+)
+from bench.prompt_tokens import common_prefix_length, ideal_reusable_tokens
+
+
+def row(lane, conversation, prompt, ideal, reused, ttft, total=None):
+    return {
+        "lane": lane,
+        "conversation": conversation,
+        "prompt_tokens": prompt,
+        "ideal_reusable_tokens": ideal,
+        "reused_tokens": reused,
+        "ttft_s": ttft,
+        "total_s": total if total is not None else ttft + 0.5,
+    }
+
+
+@pytest.fixture
+def trace():
+    # main 1000 -> 1500 -> 2000 tokens, a subagent call in between, then a /clear.
+    return mark_cold_and_warm([
+        row("main", 0, 1000, 0, 0, 10.0),
+        row("sub:explore", 0, 400, 10, 0, 4.0),
+        row("main", 0, 1500, 1000, 1000, 2.0),
+        row("sub:explore", 0, 600, 400, 400, 1.0),
+        row("main", 0, 2000, 1500, 1400, 3.0),  # 100 tokens short of ideal
+        row("main", 1, 1100, 600, 600, 6.0),
+    ])
+
+
+def test_first_request_of_each_lane_and_conversation_is_cold(trace):
+    assert [r["warm"] for r in trace] == [False, False, True, True, True, False]
+
+
+def test_reuse_efficiency_is_reused_over_ideal(trace):
+    assert reuse_efficiency(trace) == pytest.approx((1000 + 400 + 1400 + 600) / (10 + 1000 + 400 + 1500 + 600))
+
+
+def test_reuse_efficiency_skips_rows_without_reuse_figures(trace):
+    trace[2]["reused_tokens"] = None
+    assert reuse_efficiency(trace) == pytest.approx((400 + 1400 + 600) / (10 + 400 + 1500 + 600))
+
+
+def test_reuse_efficiency_is_none_when_nothing_could_be_reused():
+    assert reuse_efficiency(mark_cold_and_warm([row("main", 0, 100, 0, 0, 1.0)])) is None
+
+
+def test_summary_medians_cold_and_warm_per_lane(trace):
+    summary = summarize(trace)
+    assert summary["cold_ttft_median_s"] == 6.0  # 10, 4, 6
+    assert summary["warm_ttft_median_s"] == 2.0  # 2, 1, 3
+    assert summary["lanes"]["main"]["cold_ttft_median_s"] == 8.0  # 10, 6
+    assert summary["lanes"]["main"]["warm_ttft_median_s"] == 2.5  # 2, 3
+    assert summary["lanes"]["sub:explore"] == {
+        "requests": 2, "cold_ttft_median_s": 4.0, "warm_ttft_median_s": 1.0, "reuse_efficiency": pytest.approx(400 / 410),
+    }
+    assert summary["tokens_reused"] == 3400
+    assert summary["tokens_prefilled"] == 6600 - 3400
+    assert summary["prompt_tokens"] == 6600
+
+
+def test_warm_ttft_growth_is_the_slope_over_prompt_length(trace):
+    # warm main rows: (1.5K tokens, 2000 ms), (2.0K tokens, 3000 ms) -> 2000 ms per 1K tokens
+    assert warm_ttft_growth_ms_per_1k_tokens(trace) == pytest.approx(2000.0)
+
+
+def test_flat_warm_ttft_has_zero_growth():
+    rows = mark_cold_and_warm([row("main", 0, n, 0, 0, 0.5) for n in (1000, 2000, 3000, 4000)])
+    assert warm_ttft_growth_ms_per_1k_tokens(rows) == pytest.approx(0.0)
+
+
+def test_proxy_overhead_pairs_each_proxied_request_with_a_direct_one():
+    overhead = proxy_overhead_ms([0.010, 0.010, 0.020, 0.010], [0.011, 0.012, 0.021, 0.015])
+    assert overhead["p50"] == pytest.approx(1.5)  # added: 1, 2, 1, 5 ms
+    assert overhead["p95"] == pytest.approx(4.55)
+    assert overhead["samples"] == 4
+
+
+def test_proxy_overhead_refuses_unpaired_timings():
+    with pytest.raises(ValueError, match="3 direct vs 2 proxied"):
+        proxy_overhead_ms([1, 2, 3], [1, 2])
+
+
+def test_percentile_interpolates():
+    assert percentile([1, 2, 3, 4, 5], 0.5) == 3
+    assert percentile([1, 2], 0.95) == pytest.approx(1.95)
+    assert percentile([], 0.5) is None
+
+
+def test_common_prefix_length_of_token_lists():
+    assert common_prefix_length([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([5], [6]) == 0
+    assert common_prefix_length([], [1]) == 0
+
+
+def test_ideal_reuse_takes_the_best_earlier_prompt_of_any_lane():
+    main_1 = [1, 2, 3, 4, 5]
+    sub_1 = [1, 9, 9, 9]
+    main_2 = [1, 2, 3, 4, 5, 6, 7]  # extends main_1
+    sub_2 = [1, 9, 9, 9, 8]  # extends sub_1, not the latest prompt
+    clear = [1, 2, 3, 7, 7]  # a new conversation shares the start of main's system prompt
+    assert ideal_reusable_tokens([main_1, sub_1, main_2, sub_2, clear]) == [0, 1, 5, 4, 3]
+
+
+def test_ideal_reuse_leaves_the_last_token_of_a_repeated_prompt_to_compute():
+    assert ideal_reusable_tokens([[1, 2, 3], [1, 2, 3]]) == [0, 2]

