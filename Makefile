@@ -43,5 +43,12 @@ $(TINY_MODEL)-test/config.json: tools/build_tiny_model.py | setup
 test: setup tiny-model
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
+# against our proxy and the patched engine with the tiny model, offline.
+# Needs npm; `make test` runs the same test.
+e2e-claude: setup tiny-model
+	$(PY) tools/claude_code.py install
+	$(PY) -m pytest tests/test_claude_code_e2e.py $(PYTEST_ARGS)
+
 clean:
 	rm -rf build .pytest_cache

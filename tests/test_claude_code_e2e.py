@@ -1,0 +1,278 @@
+"""The real Claude Code CLI, end to end: its warm turns hit the engine's cache.
+
+The stack is what a user runs, on 127.0.0.1, offline:
+
+    claude (pinned npm release, throwaway config)
+      -> mitmdump -s addons/strip_billing.py -s addons/capture.py   (our proxy)
+      -> mitmdump -s tests/support/upstream_recorder.py             (the engine's door: what really arrived)
+      -> python -m engine_patch serve build/tiny-model              (patched vllm-mlx, tiny random model)
+
+A cold Claude Code prompt is ~11.5K tokens of the tiny model; it costs about
+half a minute to prefill on a 2-core CPU, a warm turn about a second. Each test
+makes one cold request per lane and a few warm ones, and prints what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import REPO_ROOT, VENV_BIN, Server, free_port, http_ok, mitmdump_command, running
+
+sys.path.insert(0, str(REPO_ROOT / "tools"))
+import claude_code  # noqa: E402
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+TINY_MODEL = REPO_ROOT / "build" / "tiny-model"
+SERVED_MODEL = "tiny-model"
+# The tiny model talks nonsense; a few tokens per answer keep a turn at the cost of its prefill.
+ANSWER_TOKENS = 16
+BILLING_HEADER = "x-anthropic-billing-header"
+MIN_STABLE_PREFIX_RATIO = 0.90
+PRINT_MODE_TURNS = ["Say hello in one word.", "Now say it in French.", "And in German."]
+INTERACTIVE_TURNS = ["What is the capital of France?", "And of Italy?"]
+COLD_TURN_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Stack:
+    engine: Server
+    proxy: Server
+    door_record: Path
+    captures_dir: Path
+
+    def cache_stats(self) -> dict:
+        with urllib.request.urlopen(f"{self.engine.url}/v1/cache/stats", timeout=10) as response:
+            return json.load(response)
+
+    def arrived(self) -> list[dict]:
+        """Every finished /v1/messages exchange, as the engine's door saw it."""
+        if not self.door_record.exists():
+            return []
+        records = [json.loads(line) for line in self.door_record.read_text().splitlines() if line.strip()]
+        return [record for record in records if record["path"].split("?")[0] == "/v1/messages"]
+
+
+@pytest.fixture(scope="module")
+def claude_binary() -> Path:
+    try:
+        return claude_code.install()
+    except claude_code.ClaudeCodeUnavailable as error:
+        pytest.fail(f"the Claude Code end-to-end test cannot run: {error}", pytrace=False)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    if not (TINY_MODEL / "config.json").exists():
+        pytest.fail(f"{TINY_MODEL} is missing; run `make tiny-model` first", pytrace=False)
+    logs = tmp_path / "logs"
+    door_record = tmp_path / "arrived-at-engine.jsonl"
+    captures_dir = tmp_path / "captures"
+    engine_port, door_port, proxy_port = free_port(), free_port(), free_port()
+    engine_command = [
+        str(VENV_BIN / "python"), "-m", "engine_patch", "serve", str(TINY_MODEL),
+        "--host", "127.0.0.1", "--port", str(engine_port),
+        "--served-model-name", SERVED_MODEL, "--max-tokens", str(ANSWER_TOKENS),
+    ]
+    engine_ready = lambda: http_ok(f"http://127.0.0.1:{engine_port}/v1/models")  # noqa: E731
+    door_command = mitmdump_command(["tests/support/upstream_recorder.py"], f"http://127.0.0.1:{engine_port}",
+                                    door_port, {"record_path": door_record})
+    proxy_options = {"upstream_model": SERVED_MODEL, "max_tokens_cap": ANSWER_TOKENS, "capture_dir": captures_dir}
+    proxy_command = mitmdump_command(["addons/strip_billing.py", "addons/capture.py"], f"http://127.0.0.1:{door_port}",
+                                     proxy_port, proxy_options)
+    with (
+        running("engine", engine_command, port=engine_port, log_dir=logs, ready=engine_ready) as engine,
+        running("door", door_command, port=door_port, log_dir=logs),
+        running("proxy", proxy_command, port=proxy_port, log_dir=logs) as proxy,
+    ):
+        yield Stack(engine=engine, proxy=proxy, door_record=door_record, captures_dir=captures_dir)
+
+
+def wait_until_quiet(stack: Stack, quiet_s: float = 3.0, timeout: float = COLD_TURN_TIMEOUT_S) -> None:
+    """Until the proxy and the engine's door agree and nothing new arrived for `quiet_s`."""
+    deadline = time.monotonic() + timeout
+    last_count, last_change = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        count = (len(stack.arrived()), len(capture_files(stack.captures_dir)))
+        if count != last_count:
+            last_count, last_change = count, time.monotonic()
+        elif count[0] == count[1] and time.monotonic() - last_change >= quiet_s:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"requests still in flight after {timeout:.0f}s (engine door, captures): {last_count}")
+
+
+# --- what the captures say -------------------------------------------------------------------------
+
+
+def capture_files(captures_dir: Path) -> list[Path]:
+    return sorted(captures_dir.glob("*/[0-9]*.json"))
+
+
+def prefix_report(captures_dir: Path) -> dict[str, dict]:
+    """`python -m captures report --json` over the session, keyed by the later request of each pair."""
+    sessions = sorted(path for path in captures_dir.iterdir() if path.is_dir())
+    assert len(sessions) == 1, f"expected one capture session in {captures_dir}, found {sessions}"
+    completed = subprocess.run([str(VENV_BIN / "python"), "-m", "captures", "report", str(sessions[0]), "--json"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    pairs = report["pairs"] if isinstance(report, dict) else report
+    return {Path(pair["current"]).name: pair for pair in pairs}
+
+
+def is_main_agent(request: dict) -> bool:
+    """The main agent carries the tool definitions; title requests carry none."""
+    return bool(request.get("tools"))
+
+
+@dataclass
+class Turn:
+    """One request as the test saw it: at the engine's door, and in the captures."""
+
+    number: int
+    kind: str  # main / side
+    lane: str
+    prompt_tokens: int
+    reused_tokens: int
+    ttft_s: float | None
+    stable_prefix_ratio: float | None
+    arrived: dict
+    capture: dict
+
+
+def collect_turns(stack: Stack) -> list[Turn]:
+    arrived = stack.arrived()
+    captures = [(path, json.loads(path.read_text())) for path in capture_files(stack.captures_dir)]
+    captures = [(path, record) for path, record in captures if record["path"].split("?")[0] == "/v1/messages"]
+    assert len(captures) == len(arrived), (
+        f"the proxy captured {len(captures)} /v1/messages requests, the engine received {len(arrived)}")
+    report = prefix_report(stack.captures_dir)
+    turns = []
+    for number, (record, (path, capture)) in enumerate(zip(arrived, captures, strict=True), start=1):
+        assert capture["forwarded_body"] == record["request"], f"{path.name} is not what the engine received"
+        usage = record["usage"]
+        reused = usage.get("cache_read_input_tokens", 0)
+        pair = report.get(path.name)
+        turns.append(Turn(
+            number=number,
+            kind="main" if is_main_agent(record["request"]) else "side",
+            lane=capture["lane"],
+            prompt_tokens=usage.get("input_tokens", 0) + reused,
+            reused_tokens=reused,
+            ttft_s=record["ttft_s"],
+            stable_prefix_ratio=pair["stable_prefix_ratio"] if pair else None,
+            arrived=record,
+            capture=capture,
+        ))
+    return turns
+
+
+def print_table(title: str, turns: list[Turn], stats: dict, wall_s: float) -> None:
+    print(f"\n{title}: {len(turns)} requests in {wall_s:.1f}s")
+    print(f"{'#':>3}  {'kind':<5} {'lane':<28} {'prompt tok':>10} {'reused':>8} {'TTFT s':>7} {'stable prefix':>13}")
+    for turn in turns:
+        ttft = f"{turn.ttft_s:.2f}" if turn.ttft_s is not None else "-"
+        ratio = f"{turn.stable_prefix_ratio:.1%}" if turn.stable_prefix_ratio is not None else "(first)"
+        print(f"{turn.number:>3}  {turn.kind:<5} {turn.lane[:28]:<28} {turn.prompt_tokens:>10,} "
+              f"{turn.reused_tokens:>8,} {ttft:>7} {ratio:>13}")
+    print("engine cache: " + ", ".join(f"{key}={stats[key]}" for key in
+                                       ("hits", "misses", "tokens_reused", "tokens_prefilled", "entries", "bytes")))
+
+
+# --- the properties every run must have ---------------------------------------------------------
+
+
+def assert_billing_block_never_reached_the_engine(turns: list[Turn]) -> None:
+    sent_by_client = [turn for turn in turns if BILLING_HEADER in json.dumps(turn.capture["client_body"])]
+    # The check below only means something if Claude Code sent the header in the first place.
+    assert sent_by_client, "Claude Code sent no billing header at all; has the CLI changed?"
+    for turn in turns:
+        assert BILLING_HEADER not in json.dumps(turn.arrived["request"]), (
+            f"request {turn.number} reached the engine with the billing header")
+
+
+def assert_requests_fit_the_server(turns: list[Turn]) -> None:
+    for turn in turns:
+        assert turn.arrived["status"] == 200, f"request {turn.number}: engine answered {turn.arrived['status']}"
+        assert turn.arrived["request"]["model"] == SERVED_MODEL
+        assert turn.arrived["request"]["max_tokens"] <= ANSWER_TOKENS
+
+
+def assert_every_later_request_of_a_lane_is_warm(turns: list[Turn]) -> None:
+    seen_lanes: set[str] = set()
+    for turn in turns:
+        if turn.lane not in seen_lanes:
+            seen_lanes.add(turn.lane)
+            continue
+        assert turn.stable_prefix_ratio is not None and turn.stable_prefix_ratio >= MIN_STABLE_PREFIX_RATIO, (
+            f"request {turn.number} ({turn.lane}): stable prefix {turn.stable_prefix_ratio} < {MIN_STABLE_PREFIX_RATIO}")
+        assert turn.reused_tokens > 0, f"request {turn.number} ({turn.lane}) was a cache miss: {turn.arrived['usage']}"
+        assert turn.capture["response"]["usage"].get("cache_read_input_tokens", 0) == turn.reused_tokens, (
+            "the capture's usage differs from what the engine sent")
+
+
+# --- the tests -----------------------------------------------------------------------------------
+
+
+def test_print_mode_conversation_reuses_the_cache_on_every_continued_turn(stack: Stack, claude_binary: Path,
+                                                                           tmp_path: Path, capsys) -> None:
+    claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude"), stack.proxy.url)
+    started = time.monotonic()
+    reused_after_each_turn = []
+    for index, prompt in enumerate(PRINT_MODE_TURNS):
+        result = claude.print_turn(prompt, continue_conversation=index > 0, timeout=COLD_TURN_TIMEOUT_S)
+        assert result.returncode == 0, f"claude -p turn {index + 1} failed:\n{result.stdout}\n{result.stderr}"
+        reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
+    wait_until_quiet(stack)  # the proxy and the door write their records as the stream ends, maybe after claude exits
+    turns = collect_turns(stack)
+    with capsys.disabled():  # the table is the run's evidence: show it even when the test passes
+        print_table("claude -p, then --continue", turns, stack.cache_stats(), time.monotonic() - started)
+
+    assert [turn.kind for turn in turns] == ["main"] * len(PRINT_MODE_TURNS), "one main-agent request per -p turn"
+    assert len({turn.lane for turn in turns}) == 1, "a continued conversation stays in its lane"
+    assert_billing_block_never_reached_the_engine(turns)
+    assert_requests_fit_the_server(turns)
+    assert_every_later_request_of_a_lane_is_warm(turns)
+    assert all(later > earlier for earlier, later in zip(reused_after_each_turn, reused_after_each_turn[1:])), (
+        f"tokens_reused must grow with every warm turn: {reused_after_each_turn}")
+
+
+def test_interactive_session_keeps_title_requests_in_their_own_lane(stack: Stack, claude_binary: Path,
+                                                                    tmp_path: Path, capsys) -> None:
+    claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude"), stack.proxy.url)
+    started = time.monotonic()
+    reused_after_each_turn = []
+    with claude.interactive() as session:
+        session.wait_until_ready()
+        for number, message in enumerate(INTERACTIVE_TURNS, start=1):
+            session.type_message(message)
+            session.wait_for(lambda: sum(is_main_agent(r["request"]) for r in stack.arrived()) >= number,
+                             f"the main-agent request of turn {number}", COLD_TURN_TIMEOUT_S)
+            reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
+        # A side request of the last turn may still be on its way.
+        wait_until_quiet(stack)
+    turns = collect_turns(stack)
+    with capsys.disabled():
+        print_table("interactive claude under tmux", turns, stack.cache_stats(), time.monotonic() - started)
+
+    main_lanes = {turn.lane for turn in turns if turn.kind == "main"}
+    side_lanes = {turn.lane for turn in turns if turn.kind == "side"}
+    assert [turn.kind for turn in turns].count("main") == len(INTERACTIVE_TURNS)
+    assert side_lanes, "the interactive UI sent no side (title) request"
+    assert len(main_lanes) == 1, f"the main agent's turns were split over lanes {main_lanes}"
+    assert not main_lanes & side_lanes, f"side requests share the main agent's lane: {main_lanes & side_lanes}"
+    assert_billing_block_never_reached_the_engine(turns)
+    assert_requests_fit_the_server(turns)
+    assert_every_later_request_of_a_lane_is_warm(turns)
+    assert reused_after_each_turn[-1] > reused_after_each_turn[0], (
+        f"tokens_reused must grow with the warm turn: {reused_after_each_turn}")
