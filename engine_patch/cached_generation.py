@@ -79,7 +79,7 @@ class CachedGeneration:
                 seen_tokens.append(int(response.token))
                 yield response
         finally:
-            self._store(seen_tokens, fetched.prompt_cache)
+            self._store(seen_tokens, fetched.prompt_cache, prompt_length=len(tokens))
 
     def _applies(self, model, draft_model, kwargs: dict[str, Any]) -> bool:
         if draft_model is not None or kwargs.get("prompt_cache") is not None:
@@ -106,9 +106,9 @@ class CachedGeneration:
             self.cache.record_fallback(f"restore: {error!r}")
             return None
 
-    def _store(self, tokens: list[int], prompt_cache: list[Any]) -> None:
+    def _store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int) -> None:
         try:
-            self.cache.store(tokens, prompt_cache)
+            self.cache.store(tokens, prompt_cache, prompt_length)
         except Exception as error:  # the answer is already out; only reuse is lost
             logger.warning("prefix cache snapshot failed (%r); nothing stored for this request", error)
             self.cache.record_fallback(f"snapshot: {error!r}")

@@ -94,6 +94,7 @@ class CachedPrefix:
     tokens: np.ndarray
     layers: list[Any]
     nbytes: int
+    prompt_length: int  # the rest of `tokens` was generated
 
 
 @dataclass
@@ -169,8 +170,14 @@ class PrefixCache:
             self.counters.tokens_prefilled += len(prompt) - reused
         return Fetched(prompt_cache, reused)
 
-    def store(self, tokens: list[int], prompt_cache: list[Any]) -> None:
+    def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None) -> None:
         """Keep the state of `prompt_cache`, whose first tokens are `tokens`.
+
+        `prompt_length` says how many of `tokens` were prompt (the rest were
+        generated). An entry whose whole prompt the new state repeats is
+        dropped: the next turn of a conversation re-renders the reply in its
+        own way, so only the prompt part of the older turn is worth keeping,
+        and the new state holds it.
 
         The cache may hold fewer tokens than `tokens` (the last generated token
         is never fed back) or more (a token was fed but never reported): only
@@ -201,9 +208,7 @@ class PrefixCache:
                     # Already held: the new state is a prefix of an entry.
                     self.entries.move_to_end(key)
                     return
-                if shared == len(entry.tokens):
-                    # The new state extends this entry and answers every
-                    # lookup at least as well, so the old one can go.
+                if shared >= entry.prompt_length:
                     dominated.append(key)
         layers = snapshot(prompt_cache)
         nbytes = state_nbytes(layers)
@@ -211,7 +216,8 @@ class PrefixCache:
             for key in dominated:
                 self.entries.pop(key, None)
             self._make_room(nbytes)
-            self.entries[self._next_key] = CachedPrefix(new_tokens, layers, nbytes)
+            prompt_part = held if prompt_length is None else min(prompt_length, held)
+            self.entries[self._next_key] = CachedPrefix(new_tokens, layers, nbytes, prompt_part)
             self._next_key += 1
             self.counters.stores += 1
 

@@ -21,20 +21,23 @@ ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
-def add_anthropic_reuse(usage: dict[str, Any], reused: int) -> None:
+def add_anthropic_reuse(usage: dict[str, Any], reuse: RequestReuse) -> None:
     if isinstance(usage.get("input_tokens"), int) and usage["input_tokens"] > 0:
-        usage["input_tokens"] = max(0, usage["input_tokens"] - reused)
-    usage["cache_read_input_tokens"] = reused
+        usage["input_tokens"] = max(0, usage["input_tokens"] - reuse.reused)
+    elif "input_tokens" not in usage and reuse.prompt_tokens is not None:
+        # vllm-mlx's final stream event has no input count; Anthropic's has.
+        usage["input_tokens"] = reuse.prompt_tokens - reuse.reused
+    usage["cache_read_input_tokens"] = reuse.reused
 
 
-def add_openai_reuse(usage: dict[str, Any], reused: int) -> None:
+def add_openai_reuse(usage: dict[str, Any], reuse: RequestReuse) -> None:
     details = usage.get("prompt_tokens_details")
     if not isinstance(details, dict):
         details = usage["prompt_tokens_details"] = {}
-    details["cached_tokens"] = reused
+    details["cached_tokens"] = reuse.reused
 
 
-def add_reuse_to_payload(payload: Any, path: str, reused: int) -> bool:
+def add_reuse_to_payload(payload: Any, path: str, reuse: RequestReuse) -> bool:
     """Add the reuse to every usage object in one response or stream event."""
     if not isinstance(payload, dict):
         return False
@@ -46,7 +49,7 @@ def add_reuse_to_payload(payload: Any, path: str, reused: int) -> bool:
         usages.append(message["usage"])  # Anthropic's message_start event
     add = add_anthropic_reuse if path in ANTHROPIC_PATHS else add_openai_reuse
     for usage in usages:
-        add(usage, reused)
+        add(usage, reuse)
     return bool(usages)
 
 
@@ -83,7 +86,7 @@ class SseUsageRewriter:
                 payload = json.loads(body)
             except ValueError:
                 continue
-            if add_reuse_to_payload(payload, self.path, self.reuse.reused):
+            if add_reuse_to_payload(payload, self.path, self.reuse):
                 lines[index] = b"data: " + json.dumps(payload, separators=(",", ":")).encode()
         return b"\n".join(lines)
 
@@ -155,7 +158,7 @@ class _UsageRewritingSend:
             payload = json.loads(body)
         except ValueError:
             return body
-        if not add_reuse_to_payload(payload, self.path, self.reuse.reused):
+        if not add_reuse_to_payload(payload, self.path, self.reuse):
             return body
         return json.dumps(payload).encode()
 

@@ -125,6 +125,25 @@ def test_a_state_that_extends_an_entry_replaces_it(model):
     assert cache.stats()["entry_tokens"] == [40]
 
 
+def test_an_older_turn_is_dropped_once_a_newer_state_repeats_its_whole_prompt(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    turn1, generated = tokens(1, 20), tokens(2, 4)
+    cache.store(turn1 + generated, prefilled(model, turn1 + generated), prompt_length=20)
+    # The next turn renders the reply differently, so it diverges after turn1.
+    turn2 = turn1 + tokens(3, 10)
+    cache.store(turn2, prefilled(model, turn2), prompt_length=30)
+    assert cache.stats()["entry_tokens"] == [30]
+
+
+def test_an_entry_whose_prompt_was_not_repeated_is_kept(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    first = tokens(1, 20)
+    cache.store(first, prefilled(model, first), prompt_length=20)
+    sibling = first[:15] + tokens(4, 10)
+    cache.store(sibling, prefilled(model, sibling), prompt_length=25)
+    assert sorted(cache.stats()["entry_tokens"]) == [20, 25]
+
+
 def test_a_state_already_held_as_a_prefix_is_not_stored_twice(model):
     cache = PrefixCache(budget_bytes=10**9)
     long = tokens(1, 40)

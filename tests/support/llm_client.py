@@ -1,0 +1,82 @@
+"""A small client for the two protocols: send a request, streamed or not, and
+return the answer text, the usage object and the time to the first token."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+
+@dataclass
+class Answer:
+    text: str
+    usage: dict
+    ttft_s: float | None = None
+    events: list[dict] = field(default_factory=list)
+
+
+def send(base_url: str, path: str, body: dict, timeout: float = 300.0) -> Answer:
+    if body.get("stream"):
+        return _send_streamed(base_url, path, body, timeout)
+    response = requests.post(base_url + path, json=body, timeout=timeout)
+    response.raise_for_status()
+    payload = response.json()
+    if path == "/v1/messages":
+        text = "".join(block.get("text", "") for block in payload["content"] if block["type"] == "text")
+    else:
+        text = payload["choices"][0]["message"].get("content") or ""
+    return Answer(text=text, usage=payload["usage"])
+
+
+def _send_streamed(base_url: str, path: str, body: dict, timeout: float) -> Answer:
+    started = time.perf_counter()
+    ttft = None
+    text, usage, events = "", {}, []
+    with requests.post(base_url + path, json=body, timeout=timeout, stream=True) as response:
+        response.raise_for_status()
+        for line in response.iter_lines(decode_unicode=True):
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            events.append(event)
+            delta = _text_delta(path, event)
+            if delta and ttft is None:
+                ttft = time.perf_counter() - started
+            text += delta
+            usage.update(_usage_in(event))
+    return Answer(text=text, usage=usage, ttft_s=ttft, events=events)
+
+
+def _text_delta(path: str, event: dict) -> str:
+    if path == "/v1/messages":
+        if event.get("type") == "content_block_delta" and event["delta"].get("type") == "text_delta":
+            return event["delta"]["text"]
+        return ""
+    choices = event.get("choices") or []
+    return "".join((choice.get("delta") or {}).get("content") or "" for choice in choices)
+
+
+def _usage_in(event: dict) -> dict:
+    usage = event.get("usage") or (event.get("message") or {}).get("usage") or {}
+    return usage if isinstance(usage, dict) else {}
+
+
+def reused_tokens(path: str, usage: dict) -> int | None:
+    if path == "/v1/messages":
+        return usage.get("cache_read_input_tokens")
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
+def clear_cache(base_url: str) -> dict:
+    response = requests.delete(base_url + "/v1/cache", timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def cache_stats(base_url: str) -> dict:
+    response = requests.get(base_url + "/v1/cache/stats", timeout=30)
+    response.raise_for_status()
+    return response.json()

@@ -1,0 +1,15 @@
+"""Where the tiny random-weight models live (built by `make tiny-model tiny-model-test`)."""
+
+from pathlib import Path
+
+from .processes import REPO_ROOT
+
+DEMO_MODEL = REPO_ROOT / "build" / "tiny-model"
+TEST_MODEL = REPO_ROOT / "build" / "tiny-model-test"
+
+
+def require_model(path: Path = TEST_MODEL) -> Path:
+    """The model's path, or a failure that says how to build it (never a skip)."""
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is missing: run `make tiny-model tiny-model-test` (make test does)")
+    return path

@@ -1,0 +1,206 @@
+"""The patched vllm-mlx server, for real, with the tiny model on 127.0.0.1.
+
+Compared against the same vllm-mlx as shipped (`--no-prefix-cache`): greedy
+answers are identical on both endpoints, streamed and not; follow-up turns
+prefill only their new tokens; interleaved lanes stay warm; a small budget
+evicts by LRU and is never exceeded.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.support.llm_client import cache_stats, clear_cache, reused_tokens, send
+from tests.support.models import require_model
+from tests.support.processes import free_port, http_ok, running
+
+pytestmark = pytest.mark.server
+
+MAX_TOKENS = 8
+
+
+def engine_server(tmp_path_factory, name: str, *flags: str):
+    model = require_model()
+    port = free_port()
+    command = [sys.executable, "-m", "engine_patch", "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny", *flags]
+    return running(
+        name,
+        command,
+        port=port,
+        log_dir=tmp_path_factory.mktemp(name),
+        ready=lambda: http_ok(f"http://127.0.0.1:{port}/v1/models"),
+    )
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory):
+    with engine_server(tmp_path_factory, "patched", "--prefix-cache-bytes", "64MiB") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    with engine_server(tmp_path_factory, "shipped", "--no-prefix-cache") as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_cache(patched):
+    clear_cache(patched.url)
+    return patched
+
+
+# --- conversations shaped like an agent's, in both protocols ---------------
+
+READ_FILE = {"name": "read_file", "description": "Read a file.", "input_schema": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+RUN = {"name": "run", "description": "Run a shell command.", "input_schema": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+
+LANES = {
+    "main": ("You are the main coding agent. Work step by step.", [READ_FILE, RUN]),
+    "subagent": ("You are a search subagent. Report file paths only.", [READ_FILE]),
+    "title": ("Write a five-word title for the conversation.", []),
+}
+
+
+def anthropic_turns(lane: str) -> list[dict]:
+    """Requests of one lane, each extending the previous one's messages."""
+    system, tools = LANES[lane]
+    base = {"model": "tiny", "max_tokens": MAX_TOKENS, "temperature": 0, "system": [{"type": "text", "text": system}]}
+    if tools:
+        base["tools"] = tools
+    messages = [{"role": "user", "content": f"[{lane}] What does src/app.py do?"}]
+    turns = [{**base, "messages": copy.deepcopy(messages)}]
+    messages += [
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me read it."},
+            {"type": "tool_use", "id": "toolu_01", "name": "read_file", "input": {"path": "src/app.py"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "def handler(request):\n    return service(request)\n"}]},
+    ]
+    turns.append({**base, "messages": copy.deepcopy(messages)})
+    messages += [
+        {"role": "assistant", "content": [{"type": "text", "text": "It forwards the request to the service."}]},
+        {"role": "user", "content": "Thanks. Now check the tests."},
+    ]
+    turns.append({**base, "messages": copy.deepcopy(messages), "stop_sequences": ["\n\nHuman:"], "top_k": 40})
+    return turns
+
+
+def openai_turns(lane: str) -> list[dict]:
+    system, tools = LANES[lane]
+    base = {"model": "tiny", "max_tokens": MAX_TOKENS, "temperature": 0}
+    if tools:
+        base["tools"] = [{"type": "function", "function": {
+            "name": tool["name"], "description": tool["description"], "parameters": tool["input_schema"]}} for tool in tools]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": f"[{lane}] What does src/app.py do?"}]
+    turns = [{**base, "messages": copy.deepcopy(messages)}]
+    messages += [
+        {"role": "assistant", "content": "Let me read it.", "tool_calls": [{"id": "call_01", "type": "function", "function": {
+            "name": "read_file", "arguments": "{\"path\": \"src/app.py\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_01", "content": "def handler(request):\n    return service(request)\n"},
+    ]
+    turns.append({**base, "messages": copy.deepcopy(messages)})
+    messages += [
+        {"role": "assistant", "content": "It forwards the request to the service."},
+        {"role": "user", "content": "Thanks. Now check the tests."},
+    ]
+    turns.append({**base, "messages": copy.deepcopy(messages), "stop": ["\n\nUser:"], "top_k": 40, "presence_penalty": 0.5})
+    return turns
+
+
+PROTOCOLS = {"/v1/messages": anthropic_turns, "/v1/chat/completions": openai_turns}
+
+
+def interleaved(path: str) -> list[tuple[str, dict]]:
+    """main, subagent and title requests interleaved, streamed and not."""
+    turns = {lane: PROTOCOLS[path](lane) for lane in LANES}
+    order = [("main", 0), ("subagent", 0), ("main", 1), ("title", 0), ("subagent", 1), ("main", 2), ("subagent", 2)]
+    sequence = []
+    for index, (lane, turn) in enumerate(order):
+        body = {**turns[lane][turn], "stream": index % 2 == 1}
+        sequence.append((lane, body))
+    return sequence
+
+
+def prompt_tokens(path: str, usage: dict) -> int:
+    if path == "/v1/messages":
+        return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+    return usage["prompt_tokens"]
+
+
+# --- the specification ------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", list(PROTOCOLS))
+def test_greedy_answers_are_identical_with_and_without_the_patch(path, fresh_cache, shipped):
+    for lane, body in interleaved(path):
+        with_patch = send(fresh_cache.url, path, body)
+        as_shipped = send(shipped.url, path, body)
+        assert with_patch.text == as_shipped.text, f"{lane} {'streamed' if body['stream'] else 'non-streamed'}"
+    assert cache_stats(fresh_cache.url)["hits"] >= 4
+
+
+@pytest.mark.parametrize("path", list(PROTOCOLS))
+def test_each_follow_up_turn_prefills_only_its_new_tokens_in_every_interleaved_lane(path, fresh_cache):
+    previous_prompt: dict[str, int] = {}
+    for lane, body in interleaved(path):
+        before = cache_stats(fresh_cache.url)
+        answer = send(fresh_cache.url, path, body)
+        after = cache_stats(fresh_cache.url)
+        total = prompt_tokens(path, answer.usage)
+        reused = reused_tokens(path, answer.usage)
+        assert after["tokens_prefilled"] - before["tokens_prefilled"] == total - reused
+        assert after["tokens_reused"] - before["tokens_reused"] == reused
+        if lane in previous_prompt:
+            assert reused >= previous_prompt[lane], f"{lane} lost its warm prefix"
+        previous_prompt[lane] = total
+        assert after["bytes"] <= after["budget_bytes"]
+
+
+def test_stats_report_every_counter_and_delete_clears_the_cache(fresh_cache):
+    send(fresh_cache.url, "/v1/messages", anthropic_turns("main")[0])
+    stats = cache_stats(fresh_cache.url)
+    for name in ("hits", "misses", "tokens_reused", "tokens_prefilled", "entries", "bytes", "budget_bytes", "evictions", "fallbacks"):
+        assert isinstance(stats[name], int), name
+    assert stats["entries"] == 1 and stats["bytes"] > 0
+    assert stats["budget_bytes"] == 64 * 2**20
+    clear_cache(fresh_cache.url)
+    assert cache_stats(fresh_cache.url)["entries"] == 0
+    assert cache_stats(fresh_cache.url)["bytes"] == 0
+
+
+def test_concurrent_requests_queue_and_answer_as_if_sent_alone(fresh_cache, shipped):
+    bodies = [anthropic_turns(lane)[1] for lane in ("main", "subagent", "title")]
+    expected = [send(shipped.url, "/v1/messages", body).text for body in bodies]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        answers = list(pool.map(lambda body: send(fresh_cache.url, "/v1/messages", body), bodies))
+    assert [answer.text for answer in answers] == expected
+
+
+def test_a_budget_too_small_for_every_lane_evicts_the_least_recent_and_is_never_exceeded(tmp_path_factory):
+    # The test model holds 256 bytes per token: one lane of ~200 tokens fits, not two.
+    budget = 60_000
+    lost_warm_prefix = []
+    previous_prompt: dict[str, int] = {}
+    with engine_server(tmp_path_factory, "small-budget", "--prefix-cache-bytes", str(budget)) as server:
+        for lane, body in interleaved("/v1/messages"):
+            answer = send(server.url, "/v1/messages", body)
+            stats = cache_stats(server.url)
+            assert stats["bytes"] <= budget
+            if lane in previous_prompt and answer.usage["cache_read_input_tokens"] < previous_prompt[lane]:
+                lost_warm_prefix.append(lane)
+            previous_prompt[lane] = prompt_tokens("/v1/messages", answer.usage)
+    assert stats["evictions"] > 0
+    assert lost_warm_prefix, "with room for one lane, interleaved lanes must evict each other"
+
+
+def test_the_server_logs_what_it_installed_on_which_version(patched):
+    log = Path(patched.log_path).read_text()
+    assert "prefix cache installed on vllm-mlx 0.6.0" in log
