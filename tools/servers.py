@@ -1,6 +1,6 @@
-"""Start real servers on 127.0.0.1 for tests, and always stop them.
+"""Start real servers on 127.0.0.1 (tests, demo, benchmark), and always stop them.
 
-Every server a test starts goes through `running()`: it picks a free loopback
+Every server goes through `running()`: it picks a free loopback
 port, waits until the server answers, and on exit (also on failure or Ctrl-C)
 terminates the whole process group, so no orphan keeps a port or a CPU core.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 LOOPBACK = "127.0.0.1"
 
