@@ -190,6 +190,11 @@ def _system_text_places(body: dict, api: Api):
                     yield f"messages[{index}].content[{part_index}]", part, "text"
 
 
+def system_texts(body: dict, api: Api) -> list[str]:
+    """The pieces of system-prompt text, in order (for lane signatures)."""
+    return [container[key] for _, container, key in _system_text_places(body, api)]
+
+
 def _drop_system_lines(body: dict, api: Api, rule: str, is_volatile, what: str, dry_run: bool) -> list[Change]:
     """Shared by the billing and date rules: drop matching lines from the
     system prompt; a text block or message left empty is removed entirely."""

@@ -1,0 +1,95 @@
+"""Lanes: which requests of a session belong together.
+
+Claude Code interleaves several conversations over one connection: the main
+agent, each sub-agent type (its own system prompt and a subset of the tools),
+and side requests such as the conversation title (no tools, a short system
+prompt of its own). A prefix cache sees each as its own line of prompts, so a
+sub-agent call must not count as a break of the main lane.
+
+A lane is identified by its signature: the sorted tool names and the opening
+(first `OPENING_CHARS` characters) of each system text piece, with billing
+and date lines left out. The opening is what a `/clear` leaves unchanged (the
+git status it refreshes sits at the end of the long instruction block), so a
+new conversation of the same agent stays in its lane, and its break shows.
+
+Names, assigned in order of first appearance:
+  main          requests with tools that can start sub-agents (`Task`/`Agent`),
+                or the first lane with tools when none can; `main-<hash>` for
+                a second such signature (e.g. after an MCP server added tools)
+  sub:<hash>    other requests with tools; the billing header's
+                `cc_is_subagent=true`, when present, also says so
+  side:title    requests without tools whose system prompt speaks of a title
+  side:<hash>   other requests without tools
+<hash> is the first 6 hex digits of the signature's SHA-256, so a lane keeps
+its name across sessions as long as its tools and prompt opening do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from addons.normalize import Api, is_billing_line, is_date_line, system_texts, tool_names
+
+OPENING_CHARS = 256
+AGENT_TOOLS = frozenset({"Task", "Agent"})
+_SUBAGENT_FIELD = re.compile(r"\bcc_is_subagent=true\b")
+_TITLE = re.compile(r"\btitle\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LaneSignature:
+    tools: tuple[str, ...]  # sorted
+    opening: str
+    says_subagent: bool  # from the billing header, when the body still has it
+
+    @property
+    def digest(self) -> str:
+        material = "\x1f".join(self.tools) + "\x1e" + self.opening
+        return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:6]
+
+    @property
+    def can_start_subagents(self) -> bool:
+        return bool(AGENT_TOOLS & set(self.tools))
+
+
+def lane_signature(body: dict, api: Api) -> LaneSignature:
+    openings = []
+    says_subagent = False
+    for text in system_texts(body, api):
+        kept = []
+        for line in text.splitlines():
+            if is_billing_line(line):
+                says_subagent = says_subagent or bool(_SUBAGENT_FIELD.search(line))
+            elif not is_date_line(line):
+                kept.append(line)
+        openings.append("\n".join(kept)[:OPENING_CHARS])
+    return LaneSignature(tuple(sorted(tool_names(body))), "\x1d".join(openings), says_subagent)
+
+
+class LaneNames:
+    """Gives each signature a stable, readable name (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._names: dict[LaneSignature, str] = {}
+
+    def name_for(self, signature: LaneSignature) -> str:
+        # The subagent hint is not part of identity: the same agent may be seen
+        # with and without its billing header (e.g. stripped captures).
+        key = LaneSignature(signature.tools, signature.opening, False)
+        if key not in self._names:
+            self._names[key] = self._new_name(signature)
+        return self._names[key]
+
+    def _new_name(self, signature: LaneSignature) -> str:
+        taken = set(self._names.values())
+        if not signature.tools:
+            name = "side:title" if _TITLE.search(signature.opening) else f"side:{signature.digest}"
+        elif not signature.says_subagent and (signature.can_start_subagents or not any(n.startswith("main") for n in taken)):
+            name = "main"
+        else:
+            name = f"sub:{signature.digest}"
+        if name in taken:
+            name = f"{name}-{signature.digest}"
+        return name

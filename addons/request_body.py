@@ -1,0 +1,66 @@
+"""Which flows the addons may touch, and their JSON bodies in and out.
+
+The rule for everything that is not clearly ours: forward it byte for byte.
+`read_json_body` says why a request is left alone; only a body that was
+actually changed is written back (`write_json_body`), re-encoded with the
+request's own content-encoding and with a correct content-length.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from mitmproxy import http
+
+from addons.normalize import Api, api_for
+
+# Anthropic's own API: stripping there can break billing or auth, so hands off.
+ANTHROPIC_DOMAINS = ("anthropic.com", "claude.ai")
+
+
+@dataclass(frozen=True)
+class LeftAlone:
+    reason: str
+    worth_a_warning: bool  # a request we should have handled but could not read
+
+
+def is_anthropic_host(request: http.Request) -> bool:
+    hosts = {request.host.lower(), request.pretty_host.lower()}
+    return any(host == domain or host.endswith("." + domain) for host in hosts for domain in ANTHROPIC_DOMAINS)
+
+
+def api_of(request: http.Request) -> Api | None:
+    """The API of a request we may normalize, or None (other paths, methods, Anthropic's host)."""
+    if is_anthropic_host(request):
+        return None
+    return api_for(request.method, request.path)
+
+
+def read_json_body(request: http.Request) -> dict | LeftAlone:
+    try:
+        content = request.get_content(strict=True)
+    except ValueError as error:  # content-encoding we cannot decode
+        return LeftAlone(f"body has content-encoding {request.headers.get('content-encoding')!r} that cannot be decoded ({error})", True)
+    if not content:
+        return LeftAlone("body is empty", False)
+    content_type = request.headers.get("content-type", "")
+    if content_type and "json" not in content_type.lower():
+        return LeftAlone(f"content-type is {content_type!r}, not JSON", False)
+    try:
+        body = json.loads(content)
+    except ValueError as error:  # json.JSONDecodeError and UnicodeDecodeError
+        return LeftAlone(f"body is not valid JSON ({error})", True)
+    if not isinstance(body, dict):
+        return LeftAlone(f"body is a JSON {type(body).__name__}, not an object", True)
+    return body
+
+
+def encode_json(body: dict) -> bytes:
+    # Compact, non-ASCII kept as is: the way Claude Code (JSON.stringify) sends it.
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+
+def write_json_body(request: http.Request, body: dict) -> None:
+    # `content` (not raw_content) re-applies the content-encoding and sets content-length.
+    request.content = encode_json(body)

@@ -1,0 +1,138 @@
+"""Keep Claude Code's prompt prefix stable on its way to a self-hosted model.
+
+    mitmdump -s addons/strip_billing.py --mode reverse:http://127.0.0.1:8000 -p 8080 \\
+        --set upstream_model=<served model name> --set max_tokens_cap=8192
+
+For `POST /v1/messages` and `POST /v1/chat/completions` it applies the rules of
+`normalize.py` (billing header out, mid-conversation system messages rewritten,
+model name mapped, max_tokens capped), and puts a one-line prefix diagnosis per
+request into the log and into `flow.comment` (marking the flow when the prefix
+broke). Anthropic's own hosts, other paths, and bodies it cannot read go
+through byte for byte. Server-sent events are streamed, not buffered.
+
+Conventions for the addons in this folder:
+- `mitmdump -s addons/x.py` loads a file as a script with only `addons/` on
+  sys.path, so each script puts the repository root there and imports its
+  siblings as `from addons import ...` (the same modules tests import).
+- Hooks are small; the logic lives in plain functions tested directly.
+- Options are declared in `load()`, parsed in `configure()`; a bad value raises
+  OptionsError naming the option and the value.
+- What this addon learned about a flow is in `flow.metadata["stable_prefix"]`
+  (see `FlowNotes`); `capture.py` reads it.
+- Notes for the user go to the log and are appended to `flow.comment`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from mitmproxy import ctx, exceptions, http
+
+if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addons/ on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from addons import normalize  # noqa: E402
+from addons.diagnosis import PrefixDiagnosis, PromptSnapshot  # noqa: E402
+from addons.request_body import LeftAlone, api_of, read_json_body, write_json_body  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+METADATA_KEY = "stable_prefix"
+BROKEN_PREFIX_MARK = ":warning:"
+
+
+def is_event_stream(response: http.Response) -> bool:
+    return response.headers.get("content-type", "").lower().startswith("text/event-stream")
+
+
+def append_comment(flow: http.HTTPFlow, line: str) -> None:
+    flow.comment = f"{flow.comment}\n{line}" if flow.comment else line
+
+
+def rules_from_options(options) -> normalize.Rules:
+    """The rules as the options set them; raises OptionsError naming a bad value."""
+    try:
+        model_map = normalize.parse_model_map(options.model_map)
+    except ValueError as error:
+        raise exceptions.OptionsError(f"model_map={options.model_map!r}: {error}") from error
+    if options.upstream_model.strip():
+        model_map += (("*", options.upstream_model.strip()),)  # after the patterns: they win
+    if options.max_tokens_cap < 0:
+        raise exceptions.OptionsError(f"max_tokens_cap={options.max_tokens_cap}: must be 0 (no cap) or a positive number of tokens")
+    return normalize.Rules(
+        strip_billing_header=options.strip_billing_header,
+        rewrite_system_messages=options.rewrite_system_messages,
+        drop_date_line=options.drop_date_line,
+        sort_tools=options.sort_tools,
+        model_map=model_map,
+        max_tokens_cap=options.max_tokens_cap,
+    )
+
+
+class StripBilling:
+    def __init__(self) -> None:
+        self.rules = normalize.Rules()
+        self.diagnosis = PrefixDiagnosis()
+
+    def load(self, loader) -> None:
+        loader.add_option("strip_billing_header", bool, True, "Remove Claude Code's x-anthropic-billing-header from the system prompt.")
+        loader.add_option(
+            "rewrite_system_messages", bool, True, 'Rewrite role:"system" messages inside messages into user <system-reminder> messages, in place.'
+        )
+        loader.add_option("drop_date_line", bool, False, "Remove a \"Today's date is ...\" line from the system prompt.")
+        loader.add_option("sort_tools", bool, False, "Sort the tool definitions by name.")
+        loader.add_option("upstream_model", str, "", "Send every request with this model name (the name the server serves).")
+        loader.add_option(
+            "model_map",
+            str,
+            "",
+            "Map requested model names: comma-separated pattern=name pairs, shell patterns, first match wins, "
+            "e.g. 'claude-*haiku*=small-model,claude-*=big-model'. Checked before upstream_model.",
+        )
+        loader.add_option("max_tokens_cap", int, 0, "Lower max_tokens (and max_completion_tokens) to at most this; 0: no cap.")
+        loader.add_option("prefix_diagnosis", bool, True, "Log a prefix diagnosis per request and put it in flow.comment.")
+
+    def configure(self, updated) -> None:
+        self.rules = rules_from_options(ctx.options)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        api = api_of(flow.request)
+        if api is None:
+            return
+        body = read_json_body(flow.request)
+        if isinstance(body, LeftAlone):
+            if body.worth_a_warning:
+                logger.warning(f"{flow.request.method} {flow.request.path}: {body.reason}; passed through unchanged")
+            return
+        client_body = flow.request.get_content()
+        snapshot = PromptSnapshot.of(body, api) if ctx.options.prefix_diagnosis else None
+        changes = normalize.normalize(body, api, self.rules)
+        if changes:
+            write_json_body(flow.request, body)
+        notes = {"api": api, "client_body": client_body, "changes": [str(change) for change in changes]}
+        if changes:
+            logger.info(f"{flow.request.path}: " + "; ".join(notes["changes"]))
+        if snapshot is not None:
+            result = self.diagnosis.observe(snapshot, body, self.rules)
+            notes.update(lane=result.lane, diagnosis=result.to_json())
+            logger.info(result.line())
+            append_comment(flow, result.line())
+            if result.prefix_broke:
+                flow.marked = BROKEN_PREFIX_MARK
+        flow.metadata[METADATA_KEY] = notes
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        # Without this mitmproxy buffers the whole answer (and swallows SSE).
+        if flow.response and is_event_stream(flow.response) and not flow.response.stream:
+            flow.response.stream = True
+
+    def done(self) -> None:
+        for line in self.diagnosis.summary_lines():
+            logger.info(line)
+
+
+addons = [StripBilling()]
