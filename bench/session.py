@@ -12,7 +12,8 @@ prefix cache miss or hit:
 - The agent's instructions end with an environment section whose git status
   changes after the `/clear`-like new conversation.
 - `cache_control` markers sit on the last system block and on the last block
-  of the latest message, so they move every turn.
+  of the latest message, so they move every turn; a one-text-block message is
+  sent as a list while it carries the marker and as a plain string afterwards.
 - The main lane has ~23 tools with JSON schemas; two subagent lanes have their
   own instructions and a subset of the tools; a title request has no tools.
 - A `role:"system"` message follows the first user message, and another is
@@ -259,10 +260,20 @@ def billing_block(version_suffix: str, *, subagent: bool, cch: str | None) -> di
 
 
 def _with_cache_marker(messages: list[dict]) -> list[dict]:
-    """Copy of `messages` with the `cache_control` marker on the latest message only."""
-    marked = [dict(message, content=[dict(block) for block in message["content"]]) for message in messages]
-    marked[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
-    return marked
+    """Copy of `messages` as the client sends them: the `cache_control` marker on the
+    latest message only, and earlier one-text-block messages flattened to a plain
+    string (Claude Code sends the same message as a list while it carries the marker
+    and as a string afterwards; the chat template renders both alike)."""
+    sent = []
+    for message in messages[:-1]:
+        blocks = message["content"]
+        if len(blocks) == 1 and blocks[0]["type"] == "text":
+            sent.append(dict(message, content=blocks[0]["text"]))
+        else:
+            sent.append(dict(message, content=[dict(block) for block in blocks]))
+    latest = dict(messages[-1], content=[dict(block) for block in messages[-1]["content"]])
+    latest["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return [*sent, latest]
 
 
 def _text_message(role: str, text: str) -> dict:

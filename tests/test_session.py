@@ -138,11 +138,18 @@ def test_cache_control_moves_to_the_latest_message(session):
         marked = [
             (i, j)
             for i, message in enumerate(request.body["messages"])
+            if isinstance(message["content"], list)
             for j, block in enumerate(message["content"])
             if "cache_control" in block
         ]
         last = len(request.body["messages"]) - 1
         assert marked == [(last, len(request.body["messages"][last]["content"]) - 1)]
+
+
+def test_earlier_one_text_messages_are_flattened_to_strings_once_unmarked(session):
+    first, second = of_lane(session, MAIN_LANE, 0)[:2]
+    assert first.body["messages"][1]["content"][0]["type"] == "text"  # marked: a list
+    assert second.body["messages"][1]["content"] == first.body["messages"][1]["content"][0]["text"]
 
 
 def test_system_message_follows_the_first_user_message_and_another_joins_the_tail(session):
