@@ -40,8 +40,14 @@ $(TINY_MODEL)/config.json: tools/build_tiny_model.py | setup
 $(TINY_MODEL)-test/config.json: tools/build_tiny_model.py | setup
 	$(PY) tools/build_tiny_model.py --out $(TINY_MODEL)-test --preset test
 
-test: setup tiny-model
+test: setup tiny-model tiny-model-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
+# Our flags: --prefix-cache-bytes SIZE, --prefix-cache-entries N, --no-prefix-cache.
+ARGS ?= --host 127.0.0.1 --port 8000
+serve: setup
+	$(PY) -m engine_patch serve $(MODEL) $(ARGS)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.
