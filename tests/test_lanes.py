@@ -1,0 +1,60 @@
+"""Lanes: main agent, sub-agents and side requests are told apart."""
+
+from addons.lanes import LaneNames, lane_signature
+from fixtures import claude_code
+
+
+def lanes_of(*bodies, api="anthropic"):
+    names = LaneNames()
+    return [names.name_for(lane_signature(body, api)) for body in bodies]
+
+
+def test_main_agent_turns_share_one_lane_whatever_the_billing_suffix():
+    assert lanes_of(claude_code.main_request(2, billing_suffix="a1", cch="x"), claude_code.main_request(5, billing_suffix="zz", cch="y")) == ["main", "main"]
+
+
+def test_a_new_conversation_after_clear_stays_in_the_main_lane():
+    before = claude_code.main_request(6)
+    after_clear = claude_code.main_request(1, git_status="?? notes.txt", topic="something else")
+    assert lanes_of(before, after_clear) == ["main", "main"]
+
+
+def test_each_subagent_type_gets_its_own_lane():
+    lanes = lanes_of(claude_code.main_request(), claude_code.subagent_request("explore"), claude_code.subagent_request("general"), claude_code.subagent_request("explore", 3, billing_suffix="c9"))
+    assert lanes[0] == "main"
+    assert lanes[1].startswith("sub:") and lanes[2].startswith("sub:") and lanes[1] != lanes[2]
+    assert lanes[3] == lanes[1]
+
+
+def test_a_subagent_seen_first_is_still_a_subagent_when_its_billing_header_says_so():
+    assert lanes_of(claude_code.subagent_request("general"), claude_code.main_request())[0].startswith("sub:")
+
+
+def test_a_subagent_without_billing_header_is_recognized_by_its_missing_agent_tool():
+    sub = claude_code.subagent_request("general")
+    sub["system"] = sub["system"][1:]
+    assert lanes_of(claude_code.main_request(), sub)[1].startswith("sub:")
+
+
+def test_title_request_is_a_side_lane():
+    assert lanes_of(claude_code.title_request("first"), claude_code.title_request("second")) == ["side:title", "side:title"]
+
+
+def test_other_toolless_requests_are_side_lanes_named_by_hash():
+    quota = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]}
+    [name] = lanes_of(quota)
+    assert name.startswith("side:") and len(name) == len("side:") + 6
+
+
+def test_lane_names_are_stable_across_sessions():
+    assert lanes_of(claude_code.main_request(), claude_code.subagent_request()) == lanes_of(claude_code.main_request(), claude_code.subagent_request())
+
+
+def test_openai_requests_get_lanes_from_their_system_messages_and_tools():
+    assert lanes_of(claude_code.openai_request(2), claude_code.openai_request(4, billing_suffix="q"), api="openai") == ["main", "main"]
+
+
+def test_date_and_billing_lines_do_not_split_a_lane():
+    one = claude_code.main_request(date="2026-11-30", cch="a")
+    other = claude_code.main_request(date="2026-12-01", cch="b")
+    assert lane_signature(one, "anthropic").digest == lane_signature(other, "anthropic").digest
