@@ -46,7 +46,7 @@ test: setup tiny-model tiny-model-test
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
 # Our flags: --prefix-cache-bytes SIZE, --prefix-cache-entries N, --no-prefix-cache.
 ARGS ?= --host 127.0.0.1 --port 8000
-serve: setup
+serve: setup $(if $(filter $(TINY_MODEL),$(MODEL)),tiny-model)
 	$(PY) -m engine_patch serve $(MODEL) $(ARGS)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)

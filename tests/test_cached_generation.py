@@ -6,6 +6,7 @@ import logging
 
 import mlx_lm
 import pytest
+from mlx_lm.models.cache import RotatingKVCache
 from mlx_lm.sample_utils import make_sampler
 
 from engine_patch.cached_generation import CachedGeneration
@@ -128,3 +129,33 @@ def test_requests_that_build_a_quantized_cache_bypass_the_prefix_cache(loaded, g
     greedy(generation, model, tokenizer, prompt, kv_bits=8, kv_group_size=32)
     assert generation.cache.stats()["misses"] == 0
     assert generation.cache.stats()["entries"] == 0
+
+
+class SlidingWindowModel:
+    """The tiny model with a sliding-window (rotating) KV cache, as Gemma or Mistral use."""
+
+    def __init__(self, model):
+        self.model = model
+        self.layers = model.layers
+
+    def make_cache(self):
+        return [RotatingKVCache(max_size=64, keep=4) for _ in self.layers]
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def parameters(self):
+        return self.model.parameters()
+
+
+def test_a_model_with_a_sliding_window_cache_runs_uncached_with_the_reason_logged(loaded, generation, caplog):
+    model, tokenizer = loaded
+    sliding = SlidingWindowModel(model)
+    prompt = chat(tokenizer, *conversation_turns("main")[0])
+    with caplog.at_level(logging.WARNING, logger="engine_patch"):
+        tokens = greedy(generation, sliding, tokenizer, prompt)
+        greedy(generation, sliding, tokenizer, prompt)
+    assert tokens == greedy(ORIGINAL_STREAM_GENERATE, sliding, tokenizer, prompt)
+    assert generation.cache.stats()["entries"] == 0
+    assert "prefix cache disabled for SlidingWindowModel: cache layers are RotatingKVCache" in caplog.text
+    assert generation.unsupported_reasons()
