@@ -31,37 +31,23 @@ if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addon
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from addons import toolcall_anthropic, toolcall_openai  # noqa: E402
+from addons.request_body import LeftAlone, api_of, read_json_body  # noqa: E402
 from addons.text_tool_calls import SYNTAXES  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-ANTHROPIC_PATH = "/v1/messages"
-OPENAI_PATH = "/v1/chat/completions"
 MARKER = ":wrench:"
 
 StreamCallable = Callable[[bytes], "bytes | Iterable[bytes]"]
 
 
-def api_of(path: str) -> str | None:
-    """Which API a request path belongs to ("anthropic", "openai"), or None."""
-    bare = path.split("?", 1)[0].rstrip("/")
-    if bare.endswith(ANTHROPIC_PATH):
-        return "anthropic"
-    if bare.endswith(OPENAI_PATH):
-        return "openai"
-    return None
-
-
-def offered_tools(api: str, request_body: bytes | None) -> frozenset[str]:
-    """Tool names the request offered; empty if none, or if the body is not a JSON object."""
-    try:
-        request = json.loads(request_body or b"")
-    except ValueError:
-        return frozenset()
-    if not isinstance(request, dict):
+def offered_tools(api: str, request: http.Request) -> frozenset[str]:
+    """Tool names the request offered; empty if none, or if the body cannot be read."""
+    body = read_json_body(request)
+    if isinstance(body, LeftAlone):
         return frozenset()
     module = toolcall_anthropic if api == "anthropic" else toolcall_openai
-    return module.offered_tool_names(request)
+    return module.offered_tool_names(body)
 
 
 def parse_syntaxes(value: str) -> tuple[str, ...]:
@@ -141,10 +127,10 @@ class ToolCallStream:
     def _applies(self, flow: http.HTTPFlow) -> tuple[str, frozenset[str]] | None:
         if not ctx.options.toolcall_stream or flow.response is None or flow.response.status_code != 200:
             return None
-        api = api_of(flow.request.path)
+        api = api_of(flow.request)
         if api is None:
             return None
-        tools = offered_tools(api, flow.request.content)
+        tools = offered_tools(api, flow.request)
         return (api, tools) if tools else None
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
