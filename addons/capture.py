@@ -1,0 +1,229 @@
+"""Record every Claude Code API request, for `python -m captures diff|report`.
+
+    mitmdump -s addons/strip_billing.py -s addons/capture.py --mode reverse:http://127.0.0.1:8000 -p 8080
+
+Writes `<capture_dir>/<session>/NNNN-<lane>.json` for each `POST /v1/messages`
+and `POST /v1/chat/completions` (nothing for other flows): method, path,
+headers with credentials redacted, the body as the client sent it and as it was
+forwarded, the changes and prefix diagnosis (from strip_billing.py when it is
+loaded, else computed here with no rules applied), and a response summary:
+status, usage (incl. `cache_read_input_tokens` / `prompt_tokens_details.cached_tokens`),
+time to headers, to the first body byte, and total. Streamed answers are
+observed as they pass, never buffered. Works alone or with strip_billing in
+either order: the record is written when the response (or error) is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import ctx, exceptions, http
+
+if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addons/ on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from addons.diagnosis import PrefixDiagnosis, PromptSnapshot  # noqa: E402
+from addons.normalize import Rules  # noqa: E402
+from addons.request_body import api_of  # noqa: E402
+from addons.sse_events import SSEParser  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+RECORD_FORMAT = "stable-prefix capture 1"
+DEFAULT_CAPTURE_DIR = Path(__file__).resolve().parent.parent / "captures" / "sessions"
+REDACTED = "[redacted]"
+SECRET_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie", "anthropic-api-key"})
+STRIP_BILLING_NOTES = "stable_prefix"  # strip_billing.METADATA_KEY, without importing the script
+CAPTURE_NOTES = "capture"
+NO_RULES = Rules(strip_billing_header=False, rewrite_system_messages=False)
+
+
+def redacted_headers(headers: http.Headers) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for name, value in headers.items(multi=True):
+        name = name.lower()
+        value = REDACTED if name in SECRET_HEADERS else value
+        result[name] = f"{result[name]}, {value}" if name in result else value
+    return result
+
+
+def json_or_text(content: bytes | None) -> tuple[str, Any]:
+    """("body", parsed JSON) or ("body_text", text) for a body that is not JSON."""
+    try:
+        return "body", json.loads(content or b"")
+    except ValueError:
+        return "body_text", (content or b"").decode("utf-8", "replace")
+
+
+def merge_usage(usage: dict, payload: Any) -> None:
+    """Fold the usage found in one JSON payload (an SSE event or a whole
+    response) into `usage`: Anthropic sends it in message_start and
+    message_delta, OpenAI in the last chunk or the response."""
+    if not isinstance(payload, dict):
+        return
+    found = payload.get("usage")
+    if payload.get("type") == "message_start" and isinstance(payload.get("message"), dict):
+        found = payload["message"].get("usage")
+    if isinstance(found, dict):
+        usage.update({key: value for key, value in found.items() if value is not None})
+
+
+class UsageObserver:
+    """A `flow.response.stream` callable that passes every chunk on unchanged
+    (through `previous`, when another addon already transforms the stream)
+    and picks the usage out of the events as they go by."""
+
+    def __init__(self, previous: Callable | bool | None) -> None:
+        self.previous = previous if callable(previous) else None
+        self.parser = SSEParser()
+        self.usage: dict = {}
+        self.first_chunk_at: float | None = None
+
+    def __call__(self, chunk: bytes):
+        if chunk and self.first_chunk_at is None:
+            self.first_chunk_at = time.time()
+        for event in self.parser.feed(chunk):
+            merge_usage(self.usage, event.json())
+        return self.previous(chunk) if self.previous else chunk
+
+
+def response_summary(flow: http.HTTPFlow, observer: UsageObserver | None) -> dict:
+    request, response = flow.request, flow.response
+    summary: dict[str, Any] = {"status": response.status_code if response else None}
+    if flow.error:
+        summary["error"] = flow.error.msg
+    if response is None:
+        return summary
+    usage: dict = {}
+    if observer is not None:
+        usage = observer.usage
+        first_body_byte = observer.first_chunk_at
+    else:
+        if response.content and "json" in response.headers.get("content-type", ""):
+            merge_usage(usage, json_or_text(response.content)[1])
+        first_body_byte = response.timestamp_start
+    summary.update(
+        content_type=response.headers.get("content-type"),
+        streamed=observer is not None,
+        usage=usage or None,
+        time_to_headers_s=_seconds(request.timestamp_end, response.timestamp_start),
+        ttfb_s=_seconds(request.timestamp_end, first_body_byte),
+        total_s=_seconds(request.timestamp_start, response.timestamp_end),
+    )
+    return summary
+
+
+def _seconds(start: float | None, end: float | None) -> float | None:
+    return round(end - start, 4) if start is not None and end is not None else None
+
+
+def lane_file_name(seq: int, lane: str) -> str:
+    return f"{seq:04d}-{lane.replace(':', '-').replace('/', '-')}.json"
+
+
+class Capture:
+    def __init__(self) -> None:
+        self.seq = 0
+        self.session_dir: Path | None = None
+        self.written = 0
+        # Kept here, not in flow.metadata, which must stay serializable (`mitmdump -w`).
+        self.observers: dict[str, UsageObserver] = {}
+        self.diagnosis = PrefixDiagnosis()  # used only when strip_billing is not loaded
+
+    def load(self, loader) -> None:
+        loader.add_option("capture_dir", str, "", f"Where capture sessions go (default: {DEFAULT_CAPTURE_DIR}).")
+        loader.add_option("capture_session", str, "", "Name of this session's folder (default: the start time, YYYYmmdd-HHMMSS).")
+
+    def configure(self, updated) -> None:
+        if "capture_dir" in updated or "capture_session" in updated:
+            root = Path(ctx.options.capture_dir).expanduser() if ctx.options.capture_dir else DEFAULT_CAPTURE_DIR
+            if root.exists() and not root.is_dir():
+                raise exceptions.OptionsError(f"capture_dir={ctx.options.capture_dir!r}: exists and is not a directory")
+            session = ctx.options.capture_session
+            if session and (os.sep in session or session in (".", "..")):
+                raise exceptions.OptionsError(f"capture_session={session!r}: must be a plain folder name")
+            self.session_dir = root / (session or time.strftime("%Y%m%d-%H%M%S"))
+            self.seq = 0
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if api_of(flow.request) is None:
+            return
+        self.seq += 1
+        # If strip_billing runs after us, this is still the client's body.
+        flow.metadata[CAPTURE_NOTES] = {"seq": self.seq, "client_body": flow.request.get_content(strict=False)}
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        notes = flow.metadata.get(CAPTURE_NOTES)
+        response = flow.response
+        if notes is None or response is None or not response.headers.get("content-type", "").startswith("text/event-stream"):
+            return
+        self.observers[flow.id] = response.stream = UsageObserver(response.stream)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._write(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._write(flow)
+
+    def done(self) -> None:
+        if self.written:
+            logger.info(f"capture: {self.written} request(s) written to {self.session_dir}")
+
+    def _write(self, flow: http.HTTPFlow) -> None:
+        notes = flow.metadata.get(CAPTURE_NOTES)
+        if notes is None or notes.get("written"):
+            return
+        notes["written"] = True
+        record = self.record(flow, notes)
+        path = self.session_dir / lane_file_name(notes["seq"], record["lane"])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(record, ensure_ascii=False, indent=1))
+            temporary.replace(path)
+        except OSError as error:
+            logger.error(f"capture: cannot write {path} ({error}); the request itself was not affected")
+            return
+        if self.written == 0:
+            logger.info(f"capture: writing to {self.session_dir}")
+        self.written += 1
+
+    def record(self, flow: http.HTTPFlow, notes: dict) -> dict:
+        stripped = flow.metadata.get(STRIP_BILLING_NOTES, {})
+        client_content = stripped.get("client_body", notes["client_body"])
+        forwarded_content = flow.request.get_content(strict=False)
+        client_key, client_body = json_or_text(client_content)
+        forwarded_key, forwarded_body = json_or_text(forwarded_content)
+        api = api_of(flow.request)
+        lane, diagnosis = stripped.get("lane"), stripped.get("diagnosis")
+        if lane is None and isinstance(client_body, dict) and isinstance(forwarded_body, dict):
+            rules = Rules() if stripped else NO_RULES
+            result = self.diagnosis.observe(PromptSnapshot.of(client_body, api), forwarded_body, rules)
+            lane, diagnosis = result.lane, result.to_json()
+        return {
+            "format": RECORD_FORMAT,
+            "session": self.session_dir.name,
+            "seq": notes["seq"],
+            "lane": lane or "unknown",
+            "request": {
+                "method": flow.request.method,
+                "path": flow.request.path,
+                "api": api,
+                "headers": redacted_headers(flow.request.headers),
+            },
+            f"client_{client_key}": client_body,
+            f"forwarded_{forwarded_key}": forwarded_body,
+            "changes": stripped.get("changes", []),
+            "diagnosis": diagnosis,
+            "response": response_summary(flow, self.observers.pop(flow.id, None)),
+        }
+
+
+addons = [Capture()]
