@@ -66,6 +66,8 @@ def anthropic_message(stream: bytes) -> dict:
             block, delta = message["content"][open_index], data["delta"]
             if delta["type"] == "text_delta":
                 block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
             else:
                 block["partial_json"] = block.get("partial_json", "") + delta["partial_json"]
         elif data["type"] == "content_block_stop":
@@ -551,3 +553,23 @@ def test_the_script_file_loads_as_mitmdump_would_load_it():
         [addon] = module.addons
         assert type(addon).__name__ == "ToolCallStream"
         assert tctx.options.toolcall_stream_syntaxes == "hermes,json_fence"
+
+
+def test_anthropic_thinking_block_before_a_call_keeps_index_zero_and_the_call_takes_one():
+    events = [
+        {"type": "message_start", "message": {"id": "m", "content": [], "usage": {"input_tokens": 5}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Need the file."}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "\n" + READ_CALL}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 20}},
+        {"type": "message_stop"},
+    ]
+    data = b"".join(format_event(event, event["type"]) for event in events)
+    message = anthropic_message(run_stream(AnthropicStreamRewriter(ANTHROPIC_TOOLS), data, 6))
+    assert [b["type"] for b in message["content"]] == ["thinking", "tool_use"]
+    assert message["content"][0]["thinking"] == "Need the file."
+    assert message["content"][1]["input"] == {"file_path": "/a.py"}
+    assert message["stop_reason"] == "tool_use"
