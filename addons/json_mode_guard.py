@@ -137,7 +137,7 @@ class JsonModeGuard:
         write_json_body(flow.request, body)
         logger.info(f"{flow.request.path}: {change}")
         flow.comment = f"{flow.comment}\n{change}" if flow.comment else change
-        flow.marked = MARKER
+        flow.marked = flow.marked or MARKER  # another addon's mark (a broken prefix...) says more
         flow.metadata[METADATA_KEY] = change
 
 

@@ -123,6 +123,7 @@ class AnthropicStreamRewriter:
     def _reindexed_text_event(self, event: SSEEvent, data: dict[str, Any]) -> bytes:
         """A non-text delta inside a text block (e.g. citations): keep it, in the open block."""
         out = self._open_text_block()
+        self._block_emitted_anything = True
         if self._open_index == data.get("index"):
             return out + event.raw
         return out + format_event({**data, "index": self._open_index}, event.event)
@@ -160,7 +161,7 @@ class AnthropicStreamRewriter:
         self._open_index = self._next_index
         self._next_index += 1
         start = self._text_start.json() if self._text_start is not None else {}
-        if start.get("index") == self._open_index and start["content_block"].get("text") == "":
+        if start.get("index") == self._open_index and start.get("content_block", {}).get("text") == "":
             return self._text_start.raw
         return format_event(
             {"type": "content_block_start", "index": self._open_index, "content_block": {"type": "text", "text": ""}},

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 MARKER = ":wrench:"
 
 StreamCallable = Callable[[bytes], "bytes | Iterable[bytes]"]
+StreamRewriter = toolcall_anthropic.AnthropicStreamRewriter | toolcall_openai.OpenAIStreamRewriter
 
 
 def offered_tools(api: str, request: http.Request) -> frozenset[str]:
@@ -78,7 +79,7 @@ def chain(first: StreamCallable, second: StreamCallable) -> StreamCallable:
     return both
 
 
-def stream_transform(rewriter, on_end: Callable[[], None], on_problem: Callable[[str], None]) -> StreamCallable:
+def stream_transform(rewriter: StreamRewriter, on_end: Callable[[], None], on_problem: Callable[[str], None]) -> StreamCallable:
     """A `flow.response.stream` callable around a stream rewriter."""
     reported = 0
 
@@ -97,7 +98,7 @@ def stream_transform(rewriter, on_end: Callable[[], None], on_problem: Callable[
 
 def note(flow: http.HTTPFlow, text: str) -> None:
     flow.comment = f"{flow.comment}\n{text}" if flow.comment else text
-    flow.marked = MARKER
+    flow.marked = flow.marked or MARKER  # another addon's mark (a broken prefix...) says more
 
 
 class ToolCallStream:
