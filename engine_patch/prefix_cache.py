@@ -55,18 +55,27 @@ def cached_token_count(prompt_cache: list[Any]) -> int:
     return prompt_cache[0].offset
 
 
-def snapshot(prompt_cache: list[Any]) -> list[Any]:
-    """Copy a live cache into compact layers that share no buffer with it.
+# A snapshot shares the finished request's buffers when they are barely larger
+# than the tokens they hold (KVCache grows in 256-token steps, so that is the
+# case for any long prompt): no copy, no second full-size allocation of what
+# can be gigabytes on a large model. Short or trimmed states are copied down to
+# their tokens instead, so padding never costs more than this share.
+MAX_SHARED_PADDING = 0.10
 
-    `state` may be a view of a larger, step-padded buffer; `mx.array` copies it
-    to exactly the cached length, so the byte count is what is really held.
+
+def snapshot(prompt_cache: list[Any]) -> tuple[list[Any], int]:
+    """Independent layers holding the live cache's tokens, and the bytes they keep alive.
+
+    Called once the request's generation is over, when nothing writes to the
+    live cache any more.
     """
-    layers = []
-    for layer in prompt_cache:
-        state = tuple(mx.array(array) for array in layer.state)
-        layers.append(type(layer).from_state(state, layer.meta_state))
+    held_bytes = state_nbytes(prompt_cache)
+    buffer_bytes = sum(layer.nbytes for layer in prompt_cache)
+    share = buffer_bytes <= held_bytes * (1 + MAX_SHARED_PADDING)
+    copy = (lambda array: array[...]) if share else mx.array
+    layers = [type(layer).from_state(tuple(copy(array) for array in layer.state), layer.meta_state) for layer in prompt_cache]
     mx.eval([layer.state for layer in layers])
-    return layers
+    return layers, buffer_bytes if share else held_bytes
 
 
 def restore(layers: list[Any]) -> list[Any]:
@@ -210,8 +219,7 @@ class PrefixCache:
                     return
                 if shared >= entry.prompt_length:
                     dominated.append(key)
-        layers = snapshot(prompt_cache)
-        nbytes = state_nbytes(layers)
+        layers, nbytes = snapshot(prompt_cache)
         with self._lock:
             for key in dominated:
                 self.entries.pop(key, None)

@@ -207,14 +207,15 @@ def test_a_state_larger_than_the_budget_is_trimmed_to_fit(model):
     assert cache.fetch(model, prompt + [1]).reused == 25
 
 
-def test_a_restored_cache_never_writes_into_the_snapshot(model):
+@pytest.mark.parametrize("length", [40, 1000], ids=["copied-snapshot", "shared-buffer-snapshot"])
+def test_a_restored_cache_never_writes_into_the_snapshot(model, length):
     cache = PrefixCache(budget_bytes=10**9)
-    stored = tokens(1, 40)
+    stored = tokens(1, length)
     cache.store(stored, prefilled(model, stored))
     held = [np.array(array) for layer in cache.entries[0].layers for array in layer.state]
 
     # Trimmed, then extended: the cache writes new keys into its existing buffer.
-    first = cache.fetch(model, stored[:30] + tokens(5, 8))
+    first = cache.fetch(model, stored[: length - 10] + tokens(5, 8))
     last_logits(model, first.prompt_cache, tokens(5, 8))
     last_logits(model, first.prompt_cache, tokens(6, 3))
 
@@ -235,10 +236,18 @@ def test_clear_drops_every_entry(model):
     assert cache.stats()["bytes"] == 0
 
 
-def test_snapshots_are_compact_copies(model):
+def test_a_short_state_is_copied_down_to_its_tokens(model):
     live = prefilled(model, tokens(1, 10))  # KVCache allocates 256-token steps
-    layers = snapshot(live)
+    layers, nbytes = snapshot(live)
     assert all(array.shape[2] == 10 for layer in layers for array in layer.state)
+    assert nbytes == 10 * bytes_per_token(model)
+
+
+def test_a_long_state_shares_the_finished_requests_buffers_and_counts_them_whole(model):
+    live = prefilled(model, tokens(1, 1000))  # held in a 1,024-token buffer
+    layers, nbytes = snapshot(live)
+    assert all(array.shape[2] == 1000 for layer in layers for array in layer.state)
+    assert nbytes == 1024 * bytes_per_token(model)
 
 
 @pytest.mark.parametrize(
