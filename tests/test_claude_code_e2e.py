@@ -15,7 +15,6 @@ makes one cold request per lane and a few warm ones, and prints what it saw.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 import urllib.request
@@ -102,7 +101,7 @@ def wait_until_quiet(stack: Stack, quiet_s: float = 3.0, timeout: float = COLD_T
     deadline = time.monotonic() + timeout
     last_count, last_change = -1, time.monotonic()
     while time.monotonic() < deadline:
-        count = (len(stack.arrived()), len(capture_files(stack.captures_dir)))
+        count = (len(stack.arrived()), len(capture_records(stack.captures_dir)))
         if count != last_count:
             last_count, last_change = count, time.monotonic()
         elif count[0] == count[1] and time.monotonic() - last_change >= quiet_s:
@@ -114,20 +113,11 @@ def wait_until_quiet(stack: Stack, quiet_s: float = 3.0, timeout: float = COLD_T
 # --- what the captures say -------------------------------------------------------------------------
 
 
-def capture_files(captures_dir: Path) -> list[Path]:
-    return sorted(captures_dir.glob("*/[0-9]*.json"))
-
-
-def prefix_report(captures_dir: Path) -> dict[str, dict]:
-    """`python -m captures report --json` over the session, keyed by the later request of each pair."""
-    sessions = sorted(path for path in captures_dir.iterdir() if path.is_dir())
-    assert len(sessions) == 1, f"expected one capture session in {captures_dir}, found {sessions}"
-    completed = subprocess.run([str(VENV_BIN / "python"), "-m", "captures", "report", str(sessions[0]), "--json"],
-                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert completed.returncode == 0, completed.stderr
-    report = json.loads(completed.stdout)
-    pairs = report["pairs"] if isinstance(report, dict) else report
-    return {Path(pair["current"]).name: pair for pair in pairs}
+def capture_records(captures_dir: Path) -> list[dict]:
+    """The proxy's capture records (`addons/capture.py`), oldest first."""
+    paths = sorted(captures_dir.glob("*/[0-9][0-9][0-9][0-9]-*.json"))
+    records = [json.loads(path.read_text()) for path in paths]
+    return sorted(records, key=lambda record: record["seq"])
 
 
 def is_main_agent(request: dict) -> bool:
@@ -152,17 +142,20 @@ class Turn:
 
 def collect_turns(stack: Stack) -> list[Turn]:
     arrived = stack.arrived()
-    captures = [(path, json.loads(path.read_text())) for path in capture_files(stack.captures_dir)]
-    captures = [(path, record) for path, record in captures if record["path"].split("?")[0] == "/v1/messages"]
+    captures = capture_records(stack.captures_dir)
     assert len(captures) == len(arrived), (
         f"the proxy captured {len(captures)} /v1/messages requests, the engine received {len(arrived)}")
-    report = prefix_report(stack.captures_dir)
     turns = []
-    for number, (record, (path, capture)) in enumerate(zip(arrived, captures, strict=True), start=1):
-        assert capture["forwarded_body"] == record["request"], f"{path.name} is not what the engine received"
+    unmatched = list(arrived)
+    for number, capture in enumerate(captures, start=1):
+        # Matched by content, not position: concurrent requests (a title request beside
+        # the main one) may finish in either order.
+        record = next((r for r in unmatched if r["request"] == capture["forwarded_body"]), None)
+        assert record is not None, f"capture {capture['seq']} ({capture['lane']}) is not what the engine received"
+        unmatched.remove(record)
         usage = record["usage"]
         reused = usage.get("cache_read_input_tokens", 0)
-        pair = report.get(path.name)
+        diagnosis = capture["diagnosis"]
         turns.append(Turn(
             number=number,
             kind="main" if is_main_agent(record["request"]) else "side",
@@ -170,7 +163,8 @@ def collect_turns(stack: Stack) -> list[Turn]:
             prompt_tokens=usage.get("input_tokens", 0) + reused,
             reused_tokens=reused,
             ttft_s=record["ttft_s"],
-            stable_prefix_ratio=pair["stable_prefix_ratio"] if pair else None,
+            # Against the previous request of the same lane; none for the first of a lane.
+            stable_prefix_ratio=diagnosis["stable_prefix_ratio"] if diagnosis["request_in_lane"] > 1 else None,
             arrived=record,
             capture=capture,
         ))
@@ -215,9 +209,9 @@ def assert_every_later_request_of_a_lane_is_warm(turns: list[Turn]) -> None:
             seen_lanes.add(turn.lane)
             continue
         assert turn.stable_prefix_ratio is not None and turn.stable_prefix_ratio >= MIN_STABLE_PREFIX_RATIO, (
-            f"request {turn.number} ({turn.lane}): stable prefix {turn.stable_prefix_ratio} < {MIN_STABLE_PREFIX_RATIO}")
+            f"request {turn.number}: stable prefix below {MIN_STABLE_PREFIX_RATIO:.0%}: {turn.capture['diagnosis']['line']}")
         assert turn.reused_tokens > 0, f"request {turn.number} ({turn.lane}) was a cache miss: {turn.arrived['usage']}"
-        assert turn.capture["response"]["usage"].get("cache_read_input_tokens", 0) == turn.reused_tokens, (
+        assert (turn.capture["response"]["usage"] or {}).get("cache_read_input_tokens", 0) == turn.reused_tokens, (
             "the capture's usage differs from what the engine sent")
 
 
