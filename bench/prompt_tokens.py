@@ -19,19 +19,29 @@ from typing import Any
 
 import numpy as np
 
-# What _prepare_chat_messages reads from the engine for a text-only model.
-_TEXT_ENGINE = SimpleNamespace(is_mllm=False, preserve_native_tool_format=False, use_harmony_rendering=False)
+def _keeps_native_tool_format(tool_call_parser: str | None) -> bool:
+    """Whether the server, started with this `--tool-call-parser` (and auto tool choice),
+    hands tool calls and results to the chat template as such instead of as text."""
+    if not tool_call_parser:
+        return False
+    from vllm_mlx.tool_parsers import ToolParserManager
+
+    return bool(ToolParserManager.get_tool_parser(tool_call_parser).supports_native_format())
 
 
 class PromptRenderer:
-    """Renders request bodies to prompt token ids with one model's tokenizer and chat template."""
+    """Renders request bodies to prompt token ids as a server with this model and these flags does."""
 
-    def __init__(self, model_dir: Path, served_model_name: str | None = None):
+    def __init__(self, model_dir: Path, served_model_name: str | None = None, tool_call_parser: str | None = None):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         # SimpleEngine enables thinking unless the model name says "coder".
         self.enable_thinking = "coder" not in (served_model_name or str(model_dir)).lower()
+        # What _prepare_chat_messages reads from the engine, for a text-only model.
+        self.engine_view = SimpleNamespace(
+            is_mllm=False, preserve_native_tool_format=_keeps_native_tool_format(tool_call_parser), use_harmony_rendering=False
+        )
 
     def prompt_text(self, body: dict[str, Any]) -> str:
         from vllm_mlx import server
@@ -41,7 +51,7 @@ class PromptRenderer:
         from vllm_mlx.engine.chat_template_safety import normalize_messages_for_chat_template
 
         request = anthropic_to_openai(AnthropicRequest(**body))
-        messages, *_ = server._prepare_chat_messages(_TEXT_ENGINE, request.messages)
+        messages, *_ = server._prepare_chat_messages(self.engine_view, request.messages)
         template_kwargs: dict[str, Any] = {
             "tokenize": False,
             "add_generation_prompt": True,

@@ -1,0 +1,116 @@
+"""Write a benchmark result as `latest.json`, `latest.md` and `latest.png`.
+
+The JSON schema is documented in `bench/README.md`; the Markdown is the table
+the project README quotes; the plot shows TTFT per request, one line per
+configuration, with a marker per lane.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LANE_MARKERS = {"main": "o", "title": "*", "sub:explore": "^", "sub:general-purpose": "s"}
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms"
+
+
+def _growth(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.0f} ms"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    session, model = result["session"], result["model"]
+    lines = [
+        f"Session: {session['requests']} requests (seed {session['seed']}, scale {session['scale']}: "
+        f"main prefix {session['main_prefix_tokens']:,} tokens, largest prompt {session['largest_prompt_tokens']:,} tokens); "
+        f"model: {model['description']}; machine: {result['machine']}.",
+        f"Command: `{result['command']}`",
+        "",
+        "| configuration | cold TTFT (median) | warm TTFT (median) | reuse efficiency | warm TTFT growth per 1K prompt tokens | tokens prefilled | proxy overhead p50 / p95 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for config in result["configurations"]:
+        summary = config["summary"]
+        overhead = "-"
+        if config["addon"]:
+            overhead = f"{_ms(summary.get('proxy_overhead_ms_p50'))} / {_ms(summary.get('proxy_overhead_ms_p95'))}"
+        prefilled = summary["tokens_prefilled"]
+        lines.append(
+            f"| {config['key']}: {config['title']} | {_seconds(summary['cold_ttft_median_s'])} | "
+            f"{_seconds(summary['warm_ttft_median_s'])} | {_ratio(summary['reuse_efficiency'])} | "
+            f"{_growth(summary['warm_ttft_growth_ms_per_1k_tokens'])} | "
+            f"{'n/a' if prefilled is None else f'{prefilled:,}'} of {summary['prompt_tokens']:,} | {overhead} |"
+        )
+    lanes = sorted({lane for config in result["configurations"] for lane in config["summary"]["lanes"]})
+    lines += ["", "Warm TTFT median per lane (cold in parentheses):", "", "| configuration | " + " | ".join(lanes) + " |", "|---" * (len(lanes) + 1) + "|"]
+    for config in result["configurations"]:
+        cells = []
+        for lane in lanes:
+            lane_summary = config["summary"]["lanes"].get(lane)
+            if lane_summary is None:
+                cells.append("-")
+                continue
+            cells.append(f"{_seconds(lane_summary['warm_ttft_median_s'])} ({_seconds(lane_summary['cold_ttft_median_s'])})")
+        lines.append(f"| {config['key']} | " + " | ".join(cells) + " |")
+    overhead = result.get("proxy_overhead")
+    if overhead:
+        lines += [
+            "",
+            f"Proxy overhead for a {overhead['body_bytes'] / 1000:.0f} KB request against a loopback stub upstream "
+            f"({overhead['addon']['samples']} pairs): addon as shipped p50 {_ms(overhead['addon']['p50'])}, p95 {_ms(overhead['addon']['p95'])}; "
+            f"without the prefix diagnosis p50 {_ms(overhead['addon_without_diagnosis']['p50'])}; "
+            f"mitmdump with no addon p50 {_ms(overhead['mitmproxy_alone']['p50'])}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(12, 5.5))
+    for config in result["configurations"]:
+        rows = [row for row in result["rows"] if row["configuration"] == config["key"] and row["ttft_s"] is not None]
+        (line,) = axes.plot([row["index"] for row in rows], [row["ttft_s"] for row in rows], linewidth=1.2, label=config["key"])
+        for lane, marker in LANE_MARKERS.items():
+            lane_rows = [row for row in rows if row["lane"] == lane]
+            axes.scatter([row["index"] for row in lane_rows], [row["ttft_s"] for row in lane_rows], marker=marker, color=line.get_color(), s=28, zorder=3)
+    for lane, marker in LANE_MARKERS.items():
+        axes.scatter([], [], marker=marker, color="gray", label=f"lane {lane}")
+    clear = next((row["index"] for row in result["rows"] if row["conversation"] == 1), None)
+    if clear is not None:
+        axes.axvline(clear - 0.5, color="gray", linestyle=":", linewidth=1)
+        axes.annotate("/clear", (clear - 0.4, 0.98), xycoords=("data", "axes fraction"), va="top", color="gray")
+    axes.set_yscale("log")
+    axes.set_xlabel("request (in session order)")
+    axes.set_ylabel("time to first token (s, log scale)")
+    session = result["session"]
+    axes.set_title(f"TTFT per request, {session['requests']} requests, scale {session['scale']}, {result['model']['description']}")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "latest.json", out_dir / "latest.md", out_dir / "latest.png"]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    paths[1].write_text(markdown(result))
+    plot(result, paths[2])
+    return paths

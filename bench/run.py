@@ -1,0 +1,225 @@
+"""`make bench`: the same session against each configuration, side by side, in one run.
+
+    python -m bench.run                 # full run -> bench/results/latest.{json,md,png}
+    python -m bench.run --quick         # reduced session, under ~5 minutes -> build/bench-quick/
+    python -m bench.run --configs 1,4 --limit 12 --out /tmp/b
+
+Each configuration gets freshly started servers (no cache carries over), the
+same requests in the same order, and the same model. See `bench/README.md` for
+what is measured and the schema of `latest.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from addons.normalize import Rules, api_for, normalize
+from bench import proxy_overhead, report
+from bench.metrics import Row, mark_cold_and_warm, summarize
+from bench.prompt_tokens import PromptRenderer, ideal_reusable_tokens
+from bench.replay import Measured, replay
+from bench.session import MAIN_LANE, Request, generate_session
+from bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER, Configuration, configuration, cpu_description, started
+from tools.servers import REPO_ROOT
+
+DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
+FULL_SCALE, QUICK_SCALE = 0.1, 0.04
+
+
+def as_received(body: dict, behind_addon: bool) -> dict:
+    """The body the engine gets: the client's, or the addon's normalized version of it."""
+    if not behind_addon:
+        return body
+    normalized = copy.deepcopy(body)
+    normalize(normalized, api_for("POST", "/v1/messages"), Rules())
+    return normalized
+
+
+class PromptViews:
+    """Token ids of every request as each kind of configuration's engine sees them, and
+    the ideal reuse over them. The headline `ideal_reusable_tokens` uses the addon's
+    view (what the session's content shares); the direct view shows what an ideal
+    cache could have done with the bytes a direct client sends."""
+
+    def __init__(self, requests: list[Request], renderer: PromptRenderer):
+        self.tokens = {addon: [renderer.token_ids(as_received(r.body, addon)) for r in requests] for addon in (False, True)}
+        self.ideal = {addon: ideal_reusable_tokens(ids) for addon, ids in self.tokens.items()}
+
+
+def rows_for(config: Configuration, measured: list[Measured], views: PromptViews) -> list[Row]:
+    rows = []
+    for result in measured:
+        index = result.request.index
+        rendered = len(views.tokens[config.addon][index])
+        prompt = result.prompt_tokens if result.prompt_tokens is not None else rendered
+        reused = result.reused_tokens
+        rows.append({
+            "configuration": config.key,
+            "index": index,
+            "lane": result.request.lane,
+            "conversation": result.request.conversation,
+            "body_bytes": len(result.request.body_bytes()),
+            "status": result.reply.status,
+            "error": result.reply.error,
+            "prompt_tokens": prompt,
+            "rendered_prompt_tokens": rendered,
+            "reused_tokens": reused,
+            "prefilled_tokens": None if reused is None else prompt - reused,
+            "reuse_source": result.reuse_source,
+            "ideal_reusable_tokens": views.ideal[True][index],
+            "ideal_reusable_tokens_as_received": views.ideal[config.addon][index],
+            "ttft_s": result.reply.ttft_s,
+            "total_s": result.reply.total_s,
+            "diagnosis": result.diagnosis,
+        })
+    return mark_cold_and_warm(rows)
+
+
+def progress_line(config: Configuration, result: Measured) -> str:
+    reply = result.reply
+    reused = "?" if result.reused_tokens is None else f"{result.reused_tokens:,}"
+    prompt = "?" if result.prompt_tokens is None else f"{result.prompt_tokens:,}"
+    status = "" if reply.status == 200 and not reply.error else f"  ERROR {reply.error}"
+    return (
+        f"  {config.key:<16} #{result.request.index:<3} {result.request.lane:<20} prompt {prompt:>7} reused {reused:>7}"
+        f"  TTFT {reply.ttft_s or 0:7.2f} s  total {reply.total_s:7.2f} s{status}"
+    )
+
+
+def run_configuration(config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int) -> list[Measured]:
+    print(f"{config.key}: {config.title}", flush=True)
+    with started(config, model_dir, log_dir) as endpoints:
+        return replay(
+            requests,
+            endpoints.client_url,
+            server_url=endpoints.server_url,
+            server_log=endpoints.server_log,
+            proxy_log=endpoints.proxy_log,
+            max_tokens=max_tokens,
+            # A direct client must name the served model; behind the addon, the addon maps it.
+            model=None if config.addon else SERVED_MODEL_NAME,
+            on_result=lambda result: print(progress_line(config, result), flush=True),
+        )
+
+
+def model_description(model_dir: Path) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    per_layer = hidden * (hidden + 2 * kv + hidden) + 3 * hidden * config["intermediate_size"]
+    parameters = vocab * hidden + layers * per_layer
+    return {
+        "path": str(model_dir.relative_to(REPO_ROOT) if model_dir.is_relative_to(REPO_ROOT) else model_dir),
+        "layers": layers,
+        "hidden_size": hidden,
+        "attention_heads": config["num_attention_heads"],
+        "kv_heads": config["num_key_value_heads"],
+        "parameters_approx": parameters,
+        "description": f"random-weight Qwen2, {layers} layers, hidden {hidden}, ~{parameters / 1e6:.1f}M parameters",
+    }
+
+
+def session_description(requests: list[Request], views: PromptViews, seed: int, scale: float) -> dict[str, Any]:
+    first_main = next(i for i, r in enumerate(requests) if r.lane == MAIN_LANE)
+    return {
+        "seed": seed,
+        "scale": scale,
+        "requests": len(requests),
+        "lanes": sorted({r.lane for r in requests}),
+        # The first main request is its prefix plus a short first message.
+        "main_prefix_tokens": len(views.tokens[True][first_main]),
+        "largest_prompt_tokens": max(len(ids) for ids in views.tokens[True]),
+        "ideal_reusable_tokens": sum(views.ideal[True]),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"reduced session (scale {QUICK_SCALE}) for CI-sized checks")
+    parser.add_argument("--scale", type=float, help=f"session scale; default {FULL_SCALE} ({QUICK_SCALE} with --quick); 1.0 = full size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--configs", default="1,2,3,4", help="comma-separated configuration numbers or keys")
+    parser.add_argument("--limit", type=int, help="replay only the first N requests")
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--max-tokens", type=int, default=8, help="max_tokens sent with every request")
+    parser.add_argument("--overhead-samples", type=int, help="request pairs for the proxy overhead (0: skip)")
+    parser.add_argument("--out", type=Path, help="output directory (default bench/results, or build/bench-quick with --quick)")
+    args = parser.parse_args(argv)
+    args.scale = args.scale or (QUICK_SCALE if args.quick else FULL_SCALE)
+    args.out = args.out or REPO_ROOT / ("build/bench-quick" if args.quick else "bench/results")
+    if args.overhead_samples is None:
+        args.overhead_samples = 20 if args.quick else 60
+    args.configurations = [configuration(key.strip()) for key in args.configs.split(",")]
+    return args
+
+
+def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    if not (args.model / "config.json").exists():
+        raise SystemExit(f"model {args.model}: no config.json; run `make tiny-model` first")
+    started_at = time.time()
+    requests = generate_session(args.seed, args.scale)[: args.limit]
+    print(f"rendering {len(requests)} requests with {args.model}'s chat template for the ideal-reuse baseline ...", flush=True)
+    views = PromptViews(requests, PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER))
+    log_dir = args.out / "logs"
+    configurations = []
+    rows: list[Row] = []
+    for config in args.configurations:
+        config_rows = rows_for(config, run_configuration(config, requests, args.model, log_dir, args.max_tokens), views)
+        rows += config_rows
+        configurations.append({"key": config.key, "title": config.title, "engine": config.engine, "addon": config.addon, "summary": summarize(config_rows)})
+    overhead = None
+    if args.overhead_samples > 0:
+        print(f"proxy overhead: {args.overhead_samples} request pairs against a loopback stub ...", flush=True)
+        overhead = {
+            "addon": proxy_overhead.measure(log_dir, samples=args.overhead_samples),
+            "addon_without_diagnosis": proxy_overhead.measure(log_dir, samples=args.overhead_samples, extra_options={"prefix_diagnosis": False}),
+            "mitmproxy_alone": proxy_overhead.measure(log_dir, samples=args.overhead_samples, scripts=[]),
+        }
+        overhead["body_bytes"] = overhead["addon"]["body_bytes"]
+    for config in configurations:
+        applies = overhead is not None and config["addon"]
+        config["summary"]["proxy_overhead_ms_p50"] = overhead["addon"]["p50"] if applies else None
+        config["summary"]["proxy_overhead_ms_p95"] = overhead["addon"]["p95"] if applies else None
+    return {
+        "schema": 1,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        "duration_s": round(time.time() - started_at, 1),
+        "command": command,
+        "machine": f"{cpu_description()}, {platform.system()} {platform.machine()}",
+        "model": model_description(args.model),
+        "session": session_description(requests, views, args.seed, args.scale),
+        "replay": {"max_tokens": args.max_tokens, "served_model_name": SERVED_MODEL_NAME},
+        "configurations": configurations,
+        "proxy_overhead": overhead,
+        "rows": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.getLogger("vllm_mlx").setLevel(logging.WARNING)  # its renderer logs every message merge
+    args = parse_args(argv)
+    command = "python -m bench.run " + shlex.join(argv if argv is not None else sys.argv[1:])
+    try:
+        result = run(args, command.strip())
+    except KeyboardInterrupt:
+        print("\ninterrupted: servers stopped, nothing written", file=sys.stderr)
+        return 130
+    for path in report.write(result, args.out):
+        print(f"wrote {path}")
+    print()
+    print(report.markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The four configurations the benchmark compares, and starting one of them.
+
+The configuration table is here and nowhere else: the demo runs the product
+(`4-patched+addon`), the benchmark runs all of them, one after the other, each
+on freshly started servers so no cache carries over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.servers import REPO_ROOT, VENV_BIN, free_port, http_ok, mitmdump_command, running
+
+SERVED_MODEL_NAME = "tiny-model"
+TOOL_CALL_PARSER = "hermes"  # Qwen's tool-call format
+# How a Claude Code user serves a model with vllm-mlx: tool calls parsed.
+SERVE_FLAGS = ["--served-model-name", SERVED_MODEL_NAME, "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER]
+ADDON_SCRIPTS = ["addons/strip_billing.py"]
+CAPTURE_SCRIPT = "addons/capture.py"
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # log lines must reach the log file as they happen
+
+
+@dataclass(frozen=True)
+class Configuration:
+    key: str
+    engine: str  # "shipped" (vllm-mlx 0.6.0 as released) or "patched" (engine_patch)
+    addon: bool  # client -> mitmdump with our addon -> engine, or client -> engine
+    title: str
+
+
+CONFIGURATIONS = (
+    Configuration("1-shipped", "shipped", False, "vllm-mlx 0.6.0 as shipped, direct"),
+    Configuration("2-shipped+addon", "shipped", True, "vllm-mlx 0.6.0 as shipped, behind the addon"),
+    Configuration("3-patched", "patched", False, "patched engine, direct"),
+    Configuration("4-patched+addon", "patched", True, "patched engine behind the addon (the product)"),
+)
+PRODUCT = CONFIGURATIONS[-1]
+
+
+def configuration(key: str) -> Configuration:
+    for candidate in CONFIGURATIONS:
+        if candidate.key == key or candidate.key.split("-", 1)[0] == key:
+            return candidate
+    raise ValueError(f"configuration {key!r}: unknown; choose from {', '.join(c.key for c in CONFIGURATIONS)}")
+
+
+def engine_command(engine: str, model_dir: Path, port: int) -> list[str]:
+    serve = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
+    if engine == "shipped":
+        return [str(VENV_BIN / "vllm-mlx"), *serve]
+    return [str(VENV_BIN / "python"), "-m", "engine_patch", *serve]
+
+
+def proxy_options(served_model: str = SERVED_MODEL_NAME) -> dict[str, object]:
+    return {"upstream_model": served_model, "max_tokens_cap": 8192}
+
+
+@dataclass
+class Endpoints:
+    client_url: str  # where the client sends its requests
+    server_url: str  # the engine itself
+    server_log: Path
+    proxy_log: Path | None
+    capture_dir: Path | None
+
+
+@contextlib.contextmanager
+def started(
+    config: Configuration, model_dir: Path, log_dir: Path, *, capture_dir: Path | None = None
+) -> Iterator[Endpoints]:
+    """Start `config`'s engine (and proxy); both stop on exit, also on error or Ctrl-C."""
+    engine_port = free_port()
+    models_url = f"http://127.0.0.1:{engine_port}/v1/models"
+    command = engine_command(config.engine, model_dir, engine_port)
+    with running(f"{config.key}-engine", command, port=engine_port, log_dir=log_dir, ready=lambda: http_ok(models_url), env=UNBUFFERED) as engine:
+        if not config.addon:
+            yield Endpoints(engine.url, engine.url, engine.log_path, None, None)
+            return
+        proxy_port = free_port()
+        scripts, options = list(ADDON_SCRIPTS), proxy_options()
+        if capture_dir is not None and (REPO_ROOT / CAPTURE_SCRIPT).exists():
+            scripts.append(CAPTURE_SCRIPT)
+        proxy = mitmdump_command(scripts, engine.url, proxy_port, options)
+        with running(f"{config.key}-mitmdump", proxy, port=proxy_port, log_dir=log_dir, env=UNBUFFERED) as mitmdump:
+            yield Endpoints(mitmdump.url, engine.url, engine.log_path, mitmdump.log_path, capture_dir)
+
+
+def cpu_description() -> str:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} CPU cores{', ' + model if model else ''}"
