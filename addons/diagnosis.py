@@ -81,14 +81,14 @@ class Diagnosis:
             elif comparison.prefix_kept:
                 parts += [f"prefix stable {share}", f"first change {divergence.path}"]
             else:
-                cause = f" ({self._rule_note(self.explained_by)})" if self.explained_by else ""
+                cause = f" ({self.rule_note(self.explained_by)})" if self.explained_by else ""
                 parts += [f"prefix broke at {divergence.path} byte {divergence.byte_offset:,}{cause}", f"stable {share}"]
         if self.neutralized:
             where = self.neutralized.divergence
-            parts.append(f"raw broke at {where.path} byte {where.byte_offset:,} ({self._rule_note(self.neutralized.rule)})")
+            parts.append(f"raw broke at {where.path} byte {where.byte_offset:,} ({self.rule_note(self.neutralized.rule)})")
         return " · ".join(parts)
 
-    def _rule_note(self, rule: str) -> str:
+    def rule_note(self, rule: str) -> str:
         label, done, option = RULE_LABEL[rule]
         return f"{label}; {done}" if self.rules.enabled(rule) else f"{label}; {option} off"
 

@@ -1,0 +1,5 @@
+import sys
+
+from captures.cli import main
+
+sys.exit(main())

@@ -1,0 +1,132 @@
+"""`python -m captures diff|report`: what changed between requests, and where
+the prompt prefix broke. Exit status: 0 done, 2 bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from addons.normalize import RULE_LABEL
+from captures import pairs
+from captures.inputs import InputError, RequestFile, files_in, load
+
+
+def describe(request: RequestFile) -> str:
+    kind = f"capture record, lane {request.lane}" if request.is_capture else "raw request body"
+    return f"{request.path}  ({kind}, {request.api})"
+
+
+def cached_tokens(usage: dict | None) -> int | None:
+    if not usage:
+        return None
+    if "cache_read_input_tokens" in usage:
+        return usage["cache_read_input_tokens"]
+    details = usage.get("prompt_tokens_details")
+    return details.get("cached_tokens") if isinstance(details, dict) else None
+
+
+def cause(pair: pairs.Pair) -> str:
+    result = pair.diagnosis
+    if result.prefix_broke:
+        return result.rule_note(result.explained_by) if result.explained_by else "unexplained"
+    if result.neutralized:
+        return "raw: " + result.rule_note(result.neutralized.rule)
+    return "-"
+
+
+def print_changes(changes: list[pairs.PathChange]) -> None:
+    print(f"changed paths (cache_control ignored): {len(changes)}")
+    width = max((len(change.path) for change in changes), default=0)
+    for change in changes:
+        old, new = change.abbreviated()
+        if change.kind == "added":
+            print(f"  + {change.path:<{width}}  {new}")
+        elif change.kind == "removed":
+            print(f"  - {change.path:<{width}}  {old}")
+        else:
+            print(f"  ~ {change.path:<{width}}  {old} → {new}")
+
+
+def run_diff(args) -> None:
+    a, b = load(args.a), load(args.b)
+    pair, warnings = pairs.diff(a, b, normalized=args.normalized)
+    if args.json:
+        print(json.dumps({"normalized": args.normalized, "warnings": warnings, **pair.to_json()}, indent=2, ensure_ascii=False))
+        return
+    print(f"A  {describe(a)}")
+    print(f"B  {describe(b)}")
+    if args.normalized:
+        print("compared: after the default rules (billing header stripped, system messages rewritten) = what the backend sees")
+    else:
+        print("compared: as the client sent them (--normalized: as the backend would see them)")
+    for warning in warnings:
+        print(f"warning: {warning}")
+    print()
+    print(pair.diagnosis.line())
+    print()
+    print_changes(pair.changes)
+
+
+def run_report(args) -> None:
+    requests = [load(path) for path in files_in(args.directory)]
+    found, tracker = pairs.report(requests)
+    if args.json:
+        print(json.dumps({"directory": str(args.directory), "requests": len(requests), "pairs": [p.to_json() for p in found], "lanes": tracker.totals()}, indent=2, ensure_ascii=False))
+        return
+    print(f"{args.directory}: {len(requests)} requests, {len(found)} consecutive pairs per lane, compared as the backend saw them")
+    rows = [("request", "lane", "prefix", "stable/total B", "ratio", "first divergence", "cause", "cached", "changed")]
+    for pair in found:
+        result = pair.diagnosis
+        comparison = result.comparison
+        divergence = comparison.first_divergence
+        cached = cached_tokens((pair.current.response or {}).get("usage"))
+        rows.append(
+            (
+                pair.current.label,
+                result.lane,
+                "broke" if result.prefix_broke else "kept",
+                f"{comparison.stable_prefix_bytes:,}/{comparison.total_bytes:,}",
+                f"{comparison.stable_prefix_ratio:.1%}",
+                f"{divergence.path} @{divergence.byte_offset:,}" if divergence else "identical",
+                cause(pair),
+                f"{cached:,}" if cached is not None else "-",
+                str(len(pair.changes)),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print()
+    print("per lane:")
+    for line in tracker.summary_lines():
+        print(f"  {line}")
+
+
+def parser() -> argparse.ArgumentParser:
+    rules = ", ".join(f"{label} ({name})" for name, (label, _, _) in RULE_LABEL.items())
+    top = argparse.ArgumentParser(prog="python -m captures", description=__doc__.split("\n")[0] + f" Rules known: {rules}.")
+    commands = top.add_subparsers(dest="command", required=True)
+    diff = commands.add_parser("diff", help="compare two requests (capture records or raw request bodies)")
+    diff.add_argument("a", help="the earlier request")
+    diff.add_argument("b", help="the later request")
+    diff.add_argument("--normalized", action="store_true", help="apply the addon's default rules first (what the backend sees)")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    diff.set_defaults(run=run_diff)
+    report = commands.add_parser("report", help="pair consecutive requests per lane across a capture folder")
+    report.add_argument("directory", help="a session folder, e.g. captures/sessions/20261130-051200")
+    report.add_argument("--json", action="store_true", help="machine-readable output")
+    report.set_defaults(run=run_report)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.run(args)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `... | head`: the reader left; not an error of ours
+        sys.stdout = None
+    return 0
