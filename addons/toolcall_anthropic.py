@@ -10,12 +10,17 @@ require. `message_delta` gets `stop_reason: "tool_use"` once a call was made;
 usage is left as it is. Events that need no change are sent as the original bytes.
 
 Once the upstream sends a structured `tool_use` block itself, nothing more is
-converted: the server's own parser is working for this response.
+converted: the server's own parser is working for this response. vllm-mlx can
+also do both: stream a call as text (its streaming parser missed it) and then,
+parsing the whole text at the end, send it again as a `tool_use` block. Such a
+block is held until complete and dropped when it repeats a call already made
+from the text (same name, same input), so the client never runs a call twice.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -67,13 +72,18 @@ class AnthropicStreamRewriter:
         self._text_start: SSEEvent | None = None
         self._open_index: int | None = None  # our index of the text block currently open downstream
         self._block_emitted_anything = False
+        self._made_calls: list[tuple[str, Any]] = []  # (name, input) of the calls made from text
+        self._held_block: list[SSEEvent] | None = None  # an upstream tool_use block after calls were made
+        self._held_index: int | None = None
+        self.duplicates_dropped = 0
 
     def feed(self, chunk: bytes) -> bytes:
         return b"".join(self._handle(event) for event in self._parser.feed(chunk))
 
     def finish(self) -> bytes:
         """End of the upstream stream: whatever is still held goes out."""
-        return self._finish_text_block() + self._parser.finish()
+        held, self._held_block = self._held_block or [], None  # an upstream block cut short: as it came
+        return self._finish_text_block() + b"".join(event.raw for event in held) + self._parser.finish()
 
     def _handle(self, event: SSEEvent) -> bytes:
         data = event.json()
@@ -81,6 +91,8 @@ class AnthropicStreamRewriter:
         if kind == "content_block_start":
             return self._block_start(event, data)
         if kind in ("content_block_delta", "content_block_stop"):
+            if self._held_block is not None and data.get("index") == self._held_index:
+                return self._held_block_event(event, data)
             if self._scanner is not None and data.get("index") == self._text_index:
                 return self._text_event(event, data)
             return self._reindexed(event, data)
@@ -93,8 +105,12 @@ class AnthropicStreamRewriter:
     def _block_start(self, event: SSEEvent, data: dict[str, Any]) -> bytes:
         out = self._finish_text_block()
         block = data.get("content_block") or {}
-        if block.get("type") in STRUCTURED_CALL_TYPES and not self.calls_converted:
-            self.upstream_structured = True
+        if block.get("type") in STRUCTURED_CALL_TYPES:
+            if not self._made_calls:
+                self.upstream_structured = True
+            else:
+                self._held_block, self._held_index = [event], data.get("index")
+                return out
         if block.get("type") == "text" and not self.upstream_structured:
             self._scanner = ToolCallScanner(self.offered_tools, self.syntaxes)
             self._text_index = data.get("index")
@@ -119,6 +135,27 @@ class AnthropicStreamRewriter:
                 return out + event.raw
             return out + self._emit(pieces)
         return self._emit(pieces)
+
+    def _held_block_event(self, event: SSEEvent, data: dict[str, Any]) -> bytes:
+        self._held_block.append(event)
+        if data["type"] != "content_block_stop":
+            return b""
+        events, self._held_block = self._held_block, None
+        block = events[0].json()["content_block"]
+        streamed_input = "".join(
+            e.json()["delta"].get("partial_json", "") for e in events[1:-1] if e.json()["delta"].get("type") == "input_json_delta"
+        )
+        try:
+            call_input = json.loads(streamed_input) if streamed_input else block.get("input", {})
+        except ValueError:
+            call_input = None
+        if (block.get("name"), call_input) in self._made_calls:
+            self._made_calls.remove((block.get("name"), call_input))
+            self.duplicates_dropped += 1
+            return b""
+        self._index_map[self._held_index] = self._next_index
+        self._next_index += 1
+        return b"".join(self._reindexed(e, e.json()) for e in events)
 
     def _reindexed_text_event(self, event: SSEEvent, data: dict[str, Any]) -> bytes:
         """A non-text delta inside a text block (e.g. citations): keep it, in the open block."""
@@ -175,6 +212,7 @@ class AnthropicStreamRewriter:
             self._open_index = None
         index = self._next_index
         self._next_index += 1
+        self._made_calls.append((call.name, call.arguments))
         block = {**tool_use_block(call, self.new_id), "input": {}}
         delta = {"type": "input_json_delta", "partial_json": call.arguments_json}
         out += format_event({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start")

@@ -9,12 +9,17 @@ that need no change are sent as the original bytes; usage chunks and `[DONE]`
 pass through.
 
 Once the upstream sends `delta.tool_calls` itself for a choice, nothing more is
-converted in it: the server's own parser is working for this response.
+converted in it: the server's own parser is working for this response. If the
+server sends structured calls only after calls were already made from the text
+(vllm-mlx's end-of-stream parse of the whole text can find them again), they are
+held until the choice finishes; repeats of a call already made (same name, same
+arguments) are dropped, the others go out numbered after ours.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,10 +58,21 @@ def tool_call_entry(call: ToolCall, index: int, new_id: Callable[[], str]) -> di
     }
 
 
+@dataclass(frozen=True)
+class UpstreamCall:
+    """A structured call the server sent after calls were made from text."""
+
+    id: str | None
+    name: str | None
+    arguments: str
+
+
 @dataclass
 class _Choice:
     scanner: ToolCallScanner
-    calls: int = 0
+    calls: int = 0  # tool_calls entries sent for this choice
+    made: list[tuple[str, Any]] = field(default_factory=list)  # (name, arguments) of calls made from text
+    held: dict[int, dict[str, Any]] = field(default_factory=dict)  # the server's later calls, by its index
     upstream_structured: bool = False
     finished: bool = False
 
@@ -67,6 +83,7 @@ class OpenAIStreamRewriter:
     syntaxes: tuple[str, ...] = SYNTAXES
     new_id: Callable[[], str] = new_tool_call_id
     problems: list[str] = field(default_factory=list)
+    duplicates_dropped: int = 0
 
     def __post_init__(self) -> None:
         self._parser = SSEParser()
@@ -108,20 +125,24 @@ class OpenAIStreamRewriter:
         """The chunks this choice becomes, or None when it goes out unchanged."""
         state = self._state(choice.get("index", 0))
         delta = choice.get("delta") or {}
-        if delta.get("tool_calls") and not state.calls:
+        upstream_calls = delta.get("tool_calls")
+        if upstream_calls and not state.calls:
             state.upstream_structured = True
         if state.upstream_structured or state.finished:
             return None
+        if upstream_calls:
+            self._hold(state, upstream_calls)
         content = delta.get("content")
         pieces = state.scanner.feed(content) if isinstance(content, str) else []
         finish_reason = choice.get("finish_reason")
         if finish_reason is not None:
             pieces += self._finish_choice(state)
-        made_calls = state.calls + sum(isinstance(piece, ToolCall) for piece in pieces)
+        made_calls = state.calls + sum(not isinstance(piece, Text) for piece in pieces)
         new_finish = "tool_calls" if made_calls and finish_reason in _NATURAL_FINISHES else finish_reason
-        if new_finish == finish_reason and (pieces == [Text(content)] or (not content and not pieces)):
+        unchanged = pieces == [Text(content)] or (not content and not pieces)
+        if new_finish == finish_reason and not upstream_calls and unchanged:
             return None
-        rest_of_delta = {key: value for key, value in delta.items() if key != "content"}
+        rest_of_delta = {key: value for key, value in delta.items() if key not in ("content", "tool_calls")}
         return self._piece_chunks(chunk, choice, rest_of_delta, pieces, state, new_finish)
 
     def _piece_chunks(
@@ -129,7 +150,7 @@ class OpenAIStreamRewriter:
         chunk: dict[str, Any],
         choice: dict[str, Any],
         rest_of_delta: dict[str, Any],
-        pieces: list[Piece],
+        pieces: list[Piece | UpstreamCall],
         state: _Choice,
         finish_reason: str | None,
     ) -> bytes:
@@ -137,9 +158,15 @@ class OpenAIStreamRewriter:
         for piece in pieces:
             if isinstance(piece, Text):
                 deltas.append({"content": piece.text})
+                continue
+            if isinstance(piece, ToolCall):
+                entry = tool_call_entry(piece, state.calls, self.new_id)
+                state.made.append((piece.name, piece.arguments))
             else:
-                deltas.append({"tool_calls": [tool_call_entry(piece, state.calls, self.new_id)]})
-                state.calls += 1
+                function = {"name": piece.name, "arguments": piece.arguments}
+                entry = {"index": state.calls, "id": piece.id, "type": "function", "function": function}
+            deltas.append({"tool_calls": [entry]})
+            state.calls += 1
         if not deltas and not rest_of_delta and finish_reason is None and not chunk.get("usage"):
             return b""  # everything is held for now: nothing to say yet
         if rest_of_delta or not deltas:
@@ -164,11 +191,34 @@ class OpenAIStreamRewriter:
     def _chunk_bytes(self, chunk: dict[str, Any], choices: list[dict[str, Any]]) -> bytes:
         return format_event({**chunk, "choices": choices})
 
-    def _finish_choice(self, state: _Choice) -> list[Piece]:
-        pieces = state.scanner.finish()
+    def _finish_choice(self, state: _Choice) -> list[Piece | UpstreamCall]:
+        pieces: list[Piece | UpstreamCall] = state.scanner.finish()
         state.finished = True
         self.problems += state.scanner.problems
+        made = state.made + [(piece.name, piece.arguments) for piece in pieces if isinstance(piece, ToolCall)]
+        for _, held in sorted(state.held.items()):
+            try:
+                arguments = json.loads(held["arguments"])
+            except ValueError:
+                arguments = None
+            if (held["name"], arguments) in made:
+                made.remove((held["name"], arguments))
+                self.duplicates_dropped += 1
+            else:
+                pieces.append(UpstreamCall(held["id"], held["name"], held["arguments"]))
         return pieces
+
+    @staticmethod
+    def _hold(state: _Choice, upstream_calls: list[Any]) -> None:
+        """Collect the server's call fragments (id and name first, arguments in pieces)."""
+        for fragment in upstream_calls:
+            if not isinstance(fragment, dict):
+                continue
+            held = state.held.setdefault(fragment.get("index", 0), {"id": None, "name": None, "arguments": ""})
+            function = fragment.get("function") or {}
+            held["id"] = fragment.get("id") or held["id"]
+            held["name"] = function.get("name") or held["name"]
+            held["arguments"] += function.get("arguments") or ""
 
     def _finish_open_choices(self) -> bytes:
         """A stream that ends without a finish_reason: flush what the scanners hold."""

@@ -160,6 +160,8 @@ class ToolCallStream:
         def on_end() -> None:
             if rewriter.calls_converted:
                 summary = f"toolcall_stream: {rewriter.calls_converted} text tool call(s) turned into structured calls"
+                if rewriter.duplicates_dropped:
+                    summary += f"; {rewriter.duplicates_dropped} repeat(s) of them the server sent as well were dropped"
                 logger.info(f"{summary} ({flow.request.path})")
                 note(flow, summary)
 

@@ -310,6 +310,19 @@ def test_anthropic_response_with_structured_tool_use_passes_byte_for_byte(chunk_
     assert rewriter.upstream_structured and rewriter.calls_converted == 0
 
 
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
+def test_anthropic_server_repeating_a_converted_call_as_tool_use_is_not_run_twice(chunk_size):
+    rewriter = AnthropicStreamRewriter(ANTHROPIC_TOOLS)
+    message = anthropic_message(run_stream(rewriter, fixture("anthropic_call_in_text_and_repeated.sse"), chunk_size))
+    assert [(b["type"], b.get("input")) for b in message["content"]] == [
+        ("text", None),
+        ("tool_use", {"file_path": "/src/a.py"}),
+        ("tool_use", {"file_path": "/src/b.py"}),  # the server's own, different call is kept
+    ]
+    assert message["content"][1]["id"].startswith("toolu_") and message["content"][2]["id"] == "call_vllm02"
+    assert rewriter.duplicates_dropped == 1 and message["stop_reason"] == "tool_use"
+
+
 def test_anthropic_plain_text_reply_passes_byte_for_byte():
     data = text_stream("Hello, I looked at ", "the code and it is fine.")
     assert run_stream(AnthropicStreamRewriter(ANTHROPIC_TOOLS), data, 7) == data
@@ -379,6 +392,20 @@ def test_openai_call_to_unknown_tool_is_sent_as_the_original_text(chunk_size):
 def test_openai_response_with_structured_tool_calls_passes_byte_for_byte(chunk_size):
     data = fixture("openai_structured_call.sse")
     assert run_stream(OpenAIStreamRewriter(OPENAI_TOOLS), data, chunk_size) == data
+
+
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
+def test_openai_server_repeating_a_converted_call_as_tool_calls_is_not_run_twice(chunk_size):
+    rewriter = OpenAIStreamRewriter(OPENAI_TOOLS)
+    completion = openai_completion(run_stream(rewriter, fixture("openai_call_in_text_and_repeated.sse"), chunk_size))
+    assert completion["content"] == "Both files.\n"
+    assert [(c["name"], json.loads(c["arguments"])) for c in completion["tool_calls"]] == [
+        ("read_file", {"path": "a.txt"}),
+        ("read_file", {"path": "b.txt"}),  # the server's own, different call is kept
+    ]
+    assert completion["tool_calls"][1]["id"] == "call_vllm02"
+    assert rewriter.duplicates_dropped == 1 and completion["finish_reason"] == "tool_calls"
+    assert completion["usage"]["total_tokens"] == 340
 
 
 def test_openai_stream_cut_short_without_finish_or_done_still_flushes_held_text():

@@ -130,6 +130,16 @@ def test_anthropic_structured_tool_use_from_upstream_is_untouched(proxy):
     assert message.content[1].id == "toolu_upstream01"
 
 
+def test_anthropic_call_the_server_repeats_as_tool_use_reaches_the_client_once(proxy):
+    message, _ = stream_anthropic(proxy, "anthropic_call_in_text_and_repeated.sse")
+    assert [(block.type, getattr(block, "input", None)) for block in message.content] == [
+        ("text", None),
+        ("tool_use", {"file_path": "/src/a.py"}),
+        ("tool_use", {"file_path": "/src/b.py"}),
+    ]
+    assert "1 repeat(s) of them the server sent as well were dropped" in proxy.log_text()
+
+
 def test_anthropic_request_without_tools_gets_the_text_as_it_was(proxy):
     message, _ = stream_anthropic(proxy, "anthropic_text_then_call.sse", tools=None)
     assert [block.type for block in message.content] == ["text"]
@@ -201,6 +211,13 @@ def test_openai_structured_tool_calls_from_upstream_are_untouched(proxy):
     completion = stream_openai(proxy, "openai_structured_call.sse")
     [call] = completion.choices[0].message.tool_calls
     assert call.id == "call_upstream01" and call.function.arguments == '{"path": "tests/"}'
+
+
+def test_openai_call_the_server_repeats_as_tool_calls_reaches_the_client_once(proxy):
+    completion = stream_openai(proxy, "openai_call_in_text_and_repeated.sse")
+    calls = completion.choices[0].message.tool_calls
+    assert [json.loads(c.function.arguments) for c in calls] == [{"path": "a.txt"}, {"path": "b.txt"}]
+    assert completion.choices[0].message.content == "Both files.\n"
 
 
 def test_anthropic_non_streamed_reply_gets_a_tool_use_block(proxy):
