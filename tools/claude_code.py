@@ -42,6 +42,9 @@ DUMMY_API_KEY = "sk-ant-api03-offline-e2e-0000000000000000000000000000"
 # A cold Claude Code prompt can take minutes to prefill on a CPU; the CLI's default
 # request timeout is 10 minutes, after which it retries (a second cold prefill).
 REQUEST_TIMEOUT_MS = 30 * 60 * 1000
+# Dialogs the sandbox config answers in advance; seeing one means that config no longer works.
+FIRST_RUN_DIALOGS = ("Do you want to use this API key?", "Is this a project you created or one you trust",
+                     "Choose the text style", "Select login method")
 NATIVE_MAGICS = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"MZ")
 
 
@@ -189,12 +192,13 @@ class ClaudeCode:
         tmux = shutil.which("tmux")
         if tmux is None:
             raise ClaudeCodeUnavailable("tmux not found on PATH; the interactive Claude Code run needs it")
-        session = InteractiveSession(tmux=tmux, name=f"claude-e2e-{uuid.uuid4().hex[:8]}")
+        # A private tmux server (-L): the user's own tmux sessions are neither seen nor touched.
+        session = InteractiveSession(tmux=tmux, socket=f"claude-e2e-{uuid.uuid4().hex[:8]}")
         # tmux passes its server's environment, not ours, to the pane: `env -i` sets it exactly.
         assignments = [f"{name}={value}" for name, value in self.environment(side_requests=True).items()]
         command = ["env", "-i", *assignments, str(self.binary)]
-        subprocess.run([tmux, "new-session", "-d", "-s", session.name, "-x", str(columns), "-y", str(rows),
-                        "-c", str(self.sandbox.workdir), *command], check=True)
+        session.tmux_command("new-session", "-d", "-s", "claude", "-x", str(columns), "-y", str(rows),
+                             "-c", str(self.sandbox.workdir), *command)
         try:
             yield session
         finally:
@@ -204,33 +208,45 @@ class ClaudeCode:
 @dataclass
 class InteractiveSession:
     tmux: str
-    name: str
+    socket: str
+    target: str = "claude"
+
+    def tmux_command(self, *arguments: str, check: bool = True) -> str:
+        completed = subprocess.run([self.tmux, "-L", self.socket, *arguments], capture_output=True, text=True)
+        if check and completed.returncode != 0:
+            raise RuntimeError(f"tmux {' '.join(arguments[:2])} failed: {completed.stderr.strip()}")
+        return completed.stdout
 
     def screen(self) -> str:
-        completed = subprocess.run([self.tmux, "capture-pane", "-p", "-t", self.name],
-                                   capture_output=True, text=True)
-        return completed.stdout
+        return self.tmux_command("capture-pane", "-p", "-t", self.target, check=False)
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Claude Code (tmux session {self.name}): {what} did not happen within "
+                raise TimeoutError(f"Claude Code (tmux -L {self.socket}): {what} did not happen within "
                                    f"{timeout:.0f}s; screen:\n{self.screen()}")
             time.sleep(0.5)
 
     def wait_until_ready(self, timeout: float = 60.0) -> None:
-        # The prompt box is drawn once start-up (and any dialog) is over.
-        self.wait_for(lambda: "❯" in self.screen(), "the input prompt", timeout)
+        """Until the empty input prompt shows; a first-run dialog instead is an error, not a wait."""
+        def ready() -> bool:
+            screen = self.screen()
+            for dialog in FIRST_RUN_DIALOGS:
+                if dialog in screen:
+                    raise RuntimeError(f"Claude Code shows a first-run dialog ({dialog!r}) although the sandbox's "
+                                       f".claude.json should have answered it; screen:\n{screen}")
+            return any(line.strip() == "❯" for line in screen.splitlines())
+        self.wait_for(ready, "the empty input prompt", timeout)
 
     def type_message(self, text: str) -> None:
         # Literal text, then Enter as a separate key: a pasted newline would not submit.
-        subprocess.run([self.tmux, "send-keys", "-t", self.name, "-l", text], check=True)
+        self.tmux_command("send-keys", "-t", self.target, "-l", text)
         time.sleep(0.5)
-        subprocess.run([self.tmux, "send-keys", "-t", self.name, "Enter"], check=True)
+        self.tmux_command("send-keys", "-t", self.target, "Enter")
 
     def close(self) -> None:
-        subprocess.run([self.tmux, "kill-session", "-t", self.name], capture_output=True)
+        self.tmux_command("kill-server", check=False)
 
 
 def main() -> None:
