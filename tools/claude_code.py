@@ -246,7 +246,10 @@ class InteractiveSession:
         self.tmux_command("send-keys", "-t", self.target, "Enter")
 
     def close(self) -> None:
+        socket_path = self.tmux_command("display-message", "-p", "#{socket_path}", check=False).strip()
         self.tmux_command("kill-server", check=False)
+        if socket_path:  # tmux leaves the socket file of a killed server behind
+            Path(socket_path).unlink(missing_ok=True)
 
 
 def main() -> None:
