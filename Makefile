@@ -49,6 +49,16 @@ ARGS ?= --host 127.0.0.1 --port 8000
 serve: setup $(if $(filter $(TINY_MODEL),$(MODEL)),tiny-model)
 	$(PY) -m engine_patch serve $(MODEL) $(ARGS)
 
+# The demo: the product (patched engine behind our addons) replaying a Claude
+# Code-shaped session, a few minutes on a 2-core CPU. FULL=1: full-size prompts.
+demo: setup tiny-model
+	$(PY) -m bench.demo $(if $(FULL),--full)
+
+# The side-by-side benchmark of the four configurations -> bench/results/latest.*
+# QUICK=1: a reduced session in under ~5 minutes -> build/bench-quick/latest.*
+bench: setup tiny-model
+	$(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS)
+
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.
 # Needs npm; `make test` runs the same test.

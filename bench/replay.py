@@ -214,8 +214,20 @@ def replay(
 
 
 def _diagnosis_line(lines: list[str]) -> str | None:
-    """The addon's one-line diagnosis (`lane ... · prefix ...`) among mitmdump's output."""
+    """The addon's one-line diagnosis (`[time] lane main · prefix ...`) among mitmdump's output."""
     for line in lines:
-        if "lane " in line and "prefix" in line:
-            return line[line.index("lane "):].strip()
+        if "] lane " in line:
+            return line[line.index("] lane ") + 2 :].strip()
     return None
+
+
+def warm_up(server_url: str, model: str) -> None:
+    """One small request, then an emptied cache: the first request after start-up pays
+    one-off costs (kernel set-up, allocations) that are not what a cold turn costs."""
+    body = {"model": model, "messages": [{"role": "user", "content": "warm-up"}], "max_tokens": 2, "stream": True}
+    reply = post_streamed(server_url, MESSAGES_PATH, json.dumps(body).encode())
+    if reply.status != 200:
+        raise RuntimeError(f"warm-up request to {server_url} failed: {reply.error}")
+    request = urllib.request.Request(f"{server_url}/v1/cache", method="DELETE")
+    with urllib.request.urlopen(request, timeout=30):
+        pass

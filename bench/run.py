@@ -26,7 +26,7 @@ from addons.normalize import Rules, api_for, normalize
 from bench import proxy_overhead, report
 from bench.metrics import Row, mark_cold_and_warm, summarize
 from bench.prompt_tokens import PromptRenderer, ideal_reusable_tokens
-from bench.replay import Measured, replay
+from bench.replay import Measured, replay, warm_up
 from bench.session import MAIN_LANE, Request, generate_session
 from bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER, Configuration, configuration, cpu_description, started
 from tools.servers import REPO_ROOT
@@ -98,6 +98,7 @@ def progress_line(config: Configuration, result: Measured) -> str:
 def run_configuration(config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int) -> list[Measured]:
     print(f"{config.key}: {config.title}", flush=True)
     with started(config, model_dir, log_dir) as endpoints:
+        warm_up(endpoints.server_url, SERVED_MODEL_NAME)
         return replay(
             requests,
             endpoints.client_url,

@@ -21,6 +21,7 @@ TOOL_CALL_PARSER = "hermes"  # Qwen's tool-call format
 SERVE_FLAGS = ["--served-model-name", SERVED_MODEL_NAME, "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER]
 ADDON_SCRIPTS = ["addons/strip_billing.py"]
 CAPTURE_SCRIPT = "addons/capture.py"
+CAPTURE_ROOT = REPO_ROOT / "captures" / "sessions"  # capture.py's default capture_dir
 UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # log lines must reach the log file as they happen
 
 
@@ -65,14 +66,15 @@ class Endpoints:
     server_url: str  # the engine itself
     server_log: Path
     proxy_log: Path | None
-    capture_dir: Path | None
+    capture_dir: Path | None  # where capture.py writes this session's records
 
 
 @contextlib.contextmanager
 def started(
-    config: Configuration, model_dir: Path, log_dir: Path, *, capture_dir: Path | None = None
+    config: Configuration, model_dir: Path, log_dir: Path, *, capture_session: str | None = None
 ) -> Iterator[Endpoints]:
-    """Start `config`'s engine (and proxy); both stop on exit, also on error or Ctrl-C."""
+    """Start `config`'s engine (and proxy, with capture.py when `capture_session` is
+    given); both stop on exit, also on error or Ctrl-C."""
     engine_port = free_port()
     models_url = f"http://127.0.0.1:{engine_port}/v1/models"
     command = engine_command(config.engine, model_dir, engine_port)
@@ -81,9 +83,11 @@ def started(
             yield Endpoints(engine.url, engine.url, engine.log_path, None, None)
             return
         proxy_port = free_port()
-        scripts, options = list(ADDON_SCRIPTS), proxy_options()
-        if capture_dir is not None and (REPO_ROOT / CAPTURE_SCRIPT).exists():
+        scripts, options, capture_dir = list(ADDON_SCRIPTS), proxy_options(), None
+        if capture_session is not None:
             scripts.append(CAPTURE_SCRIPT)
+            options["capture_session"] = capture_session
+            capture_dir = CAPTURE_ROOT / capture_session
         proxy = mitmdump_command(scripts, engine.url, proxy_port, options)
         with running(f"{config.key}-mitmdump", proxy, port=proxy_port, log_dir=log_dir, env=UNBUFFERED) as mitmdump:
             yield Endpoints(mitmdump.url, engine.url, engine.log_path, mitmdump.log_path, capture_dir)

@@ -1,0 +1,104 @@
+"""`make demo`: a Claude Code-shaped session through the whole stack, on this machine.
+
+Starts the patched vllm-mlx server and mitmdump with our addons on free
+loopback ports, replays the generated session through the proxy, prints one
+row per request and a summary, and stops both servers (also on Ctrl-C or
+error).
+
+    python -m bench.demo            # small prompts: a few minutes on a 2-core CPU
+    python -m bench.demo --full     # full-size prompts (~23K-token main prefix)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from bench.metrics import Row, mark_cold_and_warm, reuse_efficiency, summarize
+from bench.prompt_tokens import PromptRenderer
+from bench.replay import Measured, replay, warm_up
+from bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for
+from bench.session import generate_session
+from bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started
+from tools.servers import REPO_ROOT
+
+DEMO_SCALE = 0.1
+HEADER = f"{'#':>3}  {'lane':<20} {'prompt':>7} {'reused':>7} {'prefilled':>9} {'TTFT':>8}  diagnosis (addon)"
+
+
+def request_line(result: Measured) -> str:
+    def count(value: int | None) -> str:
+        return "?" if value is None else f"{value:,}"
+
+    prefilled = None if result.reused_tokens is None or result.prompt_tokens is None else result.prompt_tokens - result.reused_tokens
+    failed = f"  ERROR {result.reply.error}" if result.reply.error else ""
+    return (
+        f"{result.request.index:>3}  {result.request.lane:<20} {count(result.prompt_tokens):>7} {count(result.reused_tokens):>7} "
+        f"{count(prefilled):>9} {result.reply.ttft_s or 0:>7.2f}s  {result.diagnosis or ''}{failed}"
+    )
+
+
+def summary_lines(rows: list[Row]) -> list[str]:
+    summary = summarize(rows)
+    lines = ["", "Summary (TTFT median; cold = first request of a lane or conversation, warm = the rest):"]
+    for lane, lane_summary in sorted(summary["lanes"].items()):
+        cold, warm = lane_summary["cold_ttft_median_s"], lane_summary["warm_ttft_median_s"]
+        speedup = f"  ({cold / warm:.1f}x faster warm)" if cold and warm else ""
+        lines.append(
+            f"  {lane:<20} {lane_summary['requests']:>2} requests   cold {'-' if cold is None else f'{cold:.2f} s':>8}"
+            f"   warm {'-' if warm is None else f'{warm:.2f} s':>8}{speedup}"
+        )
+    efficiency = reuse_efficiency(rows)
+    reused, prompt = summary["tokens_reused"] or 0, summary["prompt_tokens"]
+    lines.append(
+        f"  reuse: {reused:,} of {prompt:,} prompt tokens came from the cache ({reused / prompt:.0%}); "
+        f"that is {'n/a' if efficiency is None else f'{efficiency:.1%}'} of what an ideal cache could have reused"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--full", action="store_true", help="full-size prompts (~23K-token main prefix; slow on a CPU)")
+    parser.add_argument("--scale", type=float, help=f"session scale (default {DEMO_SCALE}; --full = 1.0)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--logs", type=Path, default=REPO_ROOT / "build" / "demo-logs")
+    args = parser.parse_args(argv)
+    scale = args.scale or (1.0 if args.full else DEMO_SCALE)
+    logging.getLogger("vllm_mlx").setLevel(logging.WARNING)
+
+    requests = generate_session(args.seed, scale)
+    print(f"Session: {len(requests)} requests shaped like Claude Code (scale {scale}); model: {model_description(args.model)['description']}")
+    views = PromptViews(requests, PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER))
+    capture_session = time.strftime("demo-%Y%m%d-%H%M%S")
+    try:
+        with started(PRODUCT, args.model, args.logs, capture_session=capture_session) as endpoints:
+            print(f"Started: patched vllm-mlx on {endpoints.server_url}, mitmdump with our addons on {endpoints.client_url}")
+            warm_up(endpoints.server_url, SERVED_MODEL_NAME)
+            print()
+            print(HEADER)
+            measured = replay(
+                requests,
+                endpoints.client_url,
+                server_url=endpoints.server_url,
+                server_log=endpoints.server_log,
+                proxy_log=endpoints.proxy_log,
+                on_result=lambda result: print(request_line(result), flush=True),
+            )
+    except KeyboardInterrupt:
+        print("\ninterrupted: both servers stopped", file=sys.stderr)
+        return 130
+    rows = mark_cold_and_warm(rows_for(PRODUCT, measured, views))
+    print("\n".join(summary_lines(rows)))
+    print(f"\nServers stopped. Logs: {args.logs.relative_to(REPO_ROOT) if args.logs.is_relative_to(REPO_ROOT) else args.logs}/")
+    captures = endpoints.capture_dir.relative_to(REPO_ROOT)
+    print(f"Captures: {captures}/ ({len(list(endpoints.capture_dir.glob('*.json')))} requests; per-lane report: .venv/bin/python -m captures report {captures})")
+    return 0 if all(result.reply.status == 200 and not result.reply.error for result in measured) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
