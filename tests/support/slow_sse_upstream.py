@@ -1,0 +1,145 @@
+"""A loopback upstream that answers like an LLM server, slowly, and records.
+
+Every `POST` body is kept (with its headers and arrival time) so a test can
+assert what the proxy forwarded. `/v1/messages` with `"stream": true` gets an
+Anthropic-style event stream, `/v1/chat/completions` an OpenAI one, one event
+per chunk with `event_delay` seconds between events; the time each event was
+sent is recorded, so a test can prove the client saw the first event before
+the last one left the upstream (i.e. the proxy streamed, not buffered).
+Usage carries `cache_read_input_tokens` / `cached_tokens` like the patched
+engine does. Other requests get a small JSON answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.support.processes import LOOPBACK, free_port
+
+CACHED_TOKENS = 1234
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    raw_body: bytes
+    at: float
+
+    def body(self) -> bytes:
+        """The body with its content-encoding undone."""
+        return gzip.decompress(self.raw_body) if self.headers.get("content-encoding") == "gzip" else self.raw_body
+
+    def json(self):
+        return json.loads(self.body())
+
+
+@dataclass
+class SlowUpstream:
+    port: int
+    event_delay: float
+    received: list[Received] = field(default_factory=list)
+    event_times: list[list[float]] = field(default_factory=list)  # per streamed answer
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+
+def anthropic_events(words: list[str]) -> list[tuple[str, dict]]:
+    events = [
+        ("message_start", {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 40, "cache_read_input_tokens": CACHED_TOKENS, "output_tokens": 1}}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    ]
+    events += [("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word}}) for word in words]
+    events += [
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": len(words)}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return events
+
+
+def openai_events(words: list[str]) -> list[tuple[None, dict | str]]:
+    chunks = [(None, {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": word}}]}) for word in words]
+    usage = {"prompt_tokens": 1274, "completion_tokens": len(words), "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}}
+    return chunks + [(None, {"object": "chat.completion.chunk", "choices": [], "usage": usage}), (None, "[DONE]")]
+
+
+def _handler(upstream: SlowUpstream):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format, *args):
+            pass
+
+        def do_GET(self):
+            self._send_json({"object": "list", "data": [{"id": "served-model"}]})
+
+        def do_POST(self):
+            raw = self.rfile.read(int(self.headers.get("content-length", 0)))
+            received = Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, raw, time.time())
+            upstream.received.append(received)
+            try:
+                streamed = json.loads(received.body()).get("stream") is True
+            except (ValueError, AttributeError, OSError):
+                streamed = False
+            route = self.path.split("?")[0]
+            if streamed and route.endswith("/v1/messages"):
+                self._stream(anthropic_events(["Hello", " from", " the", " upstream."]))
+            elif streamed and route.endswith("/v1/chat/completions"):
+                self._stream(openai_events(["Hello", " there."]))
+            else:
+                self._send_json({"type": "message", "content": [], "usage": {"input_tokens": 5, "output_tokens": 1}})
+
+        def _send_json(self, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _stream(self, events) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            times: list[float] = []
+            upstream.event_times.append(times)
+            for index, (name, data) in enumerate(events):
+                if index:
+                    time.sleep(upstream.event_delay)
+                payload = data if isinstance(data, str) else json.dumps(data)
+                event = (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"
+                chunk = event.encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+                times.append(time.time())
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+    return Handler
+
+
+@contextlib.contextmanager
+def slow_sse_upstream(event_delay: float = 0.15) -> Iterator[SlowUpstream]:
+    upstream = SlowUpstream(port=free_port(), event_delay=event_delay)
+    server = ThreadingHTTPServer((LOOPBACK, upstream.port), _handler(upstream))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="slow-sse-upstream", daemon=True)
+    thread.start()
+    try:
+        yield upstream
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
