@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from addons import normalize
 from addons.lanes import LaneNames, lane_signature
-from addons.normalize import RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Rules
+from addons.normalize import RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change, Rules
 from addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
 
 
@@ -109,6 +109,23 @@ class Diagnosis:
         }
 
 
+def untouched_segments(client: PromptSnapshot, changes: list[Change]) -> dict[str, Segment]:
+    """The client's segments that the changes cannot have altered or moved.
+    Conservative: a change anywhere in `system` or `tools` counts for all of
+    it (blocks may have been removed or reordered), and on the OpenAI path a
+    change to any message counts for all messages (one may have been removed)."""
+    touched = {change.path.split("[", 1)[0].split(".", 1)[0] for change in changes if not change.path.startswith("messages[")}
+    touched_messages = {change.path.split("]", 1)[0] + "]" for change in changes if change.path.startswith("messages[")}
+    if client.api == "openai" and touched_messages:
+        touched.add("messages")
+
+    def untouched(path: str) -> bool:
+        top = path.split("[", 1)[0]
+        return top not in touched and not (top == "messages" and path in touched_messages)
+
+    return {segment.path: segment for segment in client.order.segments if untouched(segment.path)}
+
+
 def explain(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> str | None:
     """The rule whose subject sits where two prompt orders first differ, or None."""
     index = divergence.segment_index
@@ -157,11 +174,16 @@ class PrefixDiagnosis:
         self.lane_names = LaneNames()
         self.lanes: dict[str, LaneState] = {}
 
-    def observe(self, client: PromptSnapshot, forwarded_body: dict, rules: Rules, lane: str | None = None) -> Diagnosis:
+    def observe(
+        self, client: PromptSnapshot, forwarded_body: dict, rules: Rules, lane: str | None = None, changes: list[Change] | None = None
+    ) -> Diagnosis:
         """`client`: the body as sent; `forwarded_body`: as it left the proxy.
-        `lane` overrides the computed lane (e.g. the one a capture recorded)."""
+        `lane` overrides the computed lane (e.g. the one a capture recorded).
+        `changes`: when `forwarded_body` is the client's body after these
+        changes, the client's serialized segments they did not touch are reused."""
         lane = lane or self.lane_names.name_for(client.signature)
-        forwarded = prompt_order(forwarded_body, client.api)
+        reuse = untouched_segments(client, changes) if changes is not None else None
+        forwarded = prompt_order(forwarded_body, client.api, reuse)
         state = self.lanes.get(lane)
         if state is None:
             state = self.lanes[lane] = LaneState(client.order, forwarded, requests=1)

@@ -58,13 +58,17 @@ def lane_signature(body: dict, api: Api) -> LaneSignature:
     openings = []
     says_subagent = False
     for text in system_texts(body, api):
-        kept = []
+        if "cc_is_subagent=true" in text:
+            says_subagent = says_subagent or any(is_billing_line(line) and _SUBAGENT_FIELD.search(line) for line in text.splitlines())
+        kept, size = [], 0
         for line in text.splitlines():
-            if is_billing_line(line):
-                says_subagent = says_subagent or bool(_SUBAGENT_FIELD.search(line))
-            elif not is_date_line(line):
+            if size > OPENING_CHARS:
+                break  # the rest of a long prompt is not looked at
+            if not (is_billing_line(line) or is_date_line(line)):
                 kept.append(line)
-        openings.append("\n".join(kept)[:OPENING_CHARS])
+                size += len(line) + 1
+        if kept:
+            openings.append("\n".join(kept)[:OPENING_CHARS])
     return LaneSignature(tuple(sorted(tool_names(body))), "\x1d".join(openings), says_subagent)
 
 

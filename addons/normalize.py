@@ -70,7 +70,8 @@ class Change:
     detail: str
 
     def __str__(self) -> str:
-        return f"{self.rule} {self.path}: {self.detail}"
+        where = "" if self.path == self.rule else f" {self.path}"
+        return f"{self.rule}{where}: {self.detail}"
 
 
 @dataclass(frozen=True)

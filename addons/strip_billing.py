@@ -117,7 +117,7 @@ class StripBilling:
         if changes:
             logger.info(f"{flow.request.path}: " + "; ".join(notes["changes"]))
         if snapshot is not None:
-            result = self.diagnosis.observe(snapshot, body, self.rules)
+            result = self.diagnosis.observe(snapshot, body, self.rules, changes=changes)
             notes.update(lane=result.lane, diagnosis=result.to_json())
             logger.info(result.line())
             append_comment(flow, result.line())

@@ -141,3 +141,22 @@ def test_session_totals_per_lane():
     summary = session.diagnosis.summary_lines()
     assert summary[0].startswith("lane main · 4 requests · prefix kept 2/3 · ")
     assert summary[1].endswith("· 1 requests")
+
+
+def test_reusing_the_clients_untouched_segments_gives_the_same_order_as_serializing_anew():
+    from addons.diagnosis import untouched_segments
+    from addons.prompt_order import prompt_order
+
+    cases = [
+        ("anthropic", claude_code.main_request(12, cch="x"), Rules()),
+        ("anthropic", claude_code.main_request(12), Rules(drop_date_line=True, sort_tools=True)),
+        ("anthropic", claude_code.subagent_request("general", 3), Rules(rewrite_system_messages=False)),
+        ("openai", claude_code.openai_request(4), Rules()),
+    ]
+    for api, body, rules in cases:
+        snapshot = PromptSnapshot.of(body, api)
+        changes = normalize.normalize(body, api, rules)
+        reused = prompt_order(body, api, untouched_segments(snapshot, changes))
+        assert reused == prompt_order(body, api)
+        if api == "anthropic":
+            assert any(segment.path.startswith("tools[") for segment in untouched_segments(snapshot, changes).values()) != rules.sort_tools

@@ -58,3 +58,12 @@ def test_date_and_billing_lines_do_not_split_a_lane():
     one = claude_code.main_request(date="2026-11-30", cch="a")
     other = claude_code.main_request(date="2026-12-01", cch="b")
     assert lane_signature(one, "anthropic").digest == lane_signature(other, "anthropic").digest
+
+
+def test_a_body_gets_the_same_lane_before_and_after_normalization():
+    from addons import normalize
+
+    raw = claude_code.subagent_request("general")
+    forwarded = claude_code.subagent_request("general")
+    normalize.normalize(forwarded, "anthropic")
+    assert lane_signature(raw, "anthropic").digest == lane_signature(forwarded, "anthropic").digest
