@@ -131,7 +131,7 @@ def lane_file_name(seq: int, lane: str) -> str:
 class Capture:
     def __init__(self) -> None:
         self.seq = 0
-        self.session_dir: Path | None = None
+        self.session_dir = DEFAULT_CAPTURE_DIR / time.strftime("%Y%m%d-%H%M%S")  # until configure() says otherwise
         self.written = 0
         # Kept here, not in flow.metadata, which must stay serializable (`mitmdump -w`).
         self.observers: dict[str, UsageObserver] = {}

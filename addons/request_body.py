@@ -1,19 +1,28 @@
-"""Which flows the addons may touch, and their JSON bodies in and out.
+"""Which flows the addons may touch, their JSON bodies in and out, and the
+rules applied to a whole request (`normalize_request`).
 
 The rule for everything that is not clearly ours: forward it byte for byte.
 `read_json_body` says why a request is left alone; only a body that was
 actually changed is written back (`write_json_body`), re-encoded with the
 request's own content-encoding and with a correct content-length.
+
+(This lives here, not in the script `strip_billing.py`: mitmproxy loads
+scripts without registering them in sys.modules, where dataclasses look.)
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 
 from mitmproxy import http
 
+from addons import normalize
+from addons.diagnosis import PromptSnapshot
 from addons.normalize import Api, api_for
+
+logger = logging.getLogger(__name__)
 
 # Anthropic's own API: stripping there can break billing or auth, so hands off.
 ANTHROPIC_DOMAINS = ("anthropic.com", "claude.ai")
@@ -64,3 +73,32 @@ def encode_json(body: dict) -> bytes:
 def write_json_body(request: http.Request, body: dict) -> None:
     # `content` (not raw_content) re-applies the content-encoding and sets content-length.
     request.content = encode_json(body)
+
+
+@dataclass(frozen=True)
+class NormalizedRequest:
+    api: normalize.Api
+    client_body: bytes  # as the client sent it (content-encoding undone)
+    body: dict  # as forwarded
+    changes: list[normalize.Change]
+    snapshot: PromptSnapshot | None  # the client's prompt, for the diagnosis
+
+
+def normalize_request(request: http.Request, rules: normalize.Rules, *, diagnose: bool) -> NormalizedRequest | None:
+    """Apply the rules to a request in place; None (request untouched) when it
+    is not ours or its body cannot be read, which is logged when unexpected."""
+    api = api_of(request)
+    if api is None:
+        return None
+    body = read_json_body(request)
+    if isinstance(body, LeftAlone):
+        if body.worth_a_warning:
+            logger.warning(f"{request.method} {request.path}: {body.reason}; passed through unchanged")
+        return None
+    client_body = request.get_content()
+    snapshot = PromptSnapshot.of(body, api) if diagnose else None  # before the rules edit `body`
+    changes = normalize.normalize(body, api, rules)
+    if changes:
+        write_json_body(request, body)
+        logger.debug(f"{request.path}: " + "; ".join(map(str, changes)))
+    return NormalizedRequest(api, client_body, body, changes, snapshot)

@@ -34,8 +34,8 @@ if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addon
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from addons import normalize  # noqa: E402
-from addons.diagnosis import PrefixDiagnosis, PromptSnapshot  # noqa: E402
-from addons.request_body import LeftAlone, api_of, read_json_body, write_json_body  # noqa: E402
+from addons.diagnosis import PrefixDiagnosis  # noqa: E402
+from addons.request_body import normalize_request  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -100,29 +100,19 @@ class StripBilling:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
             return
-        api = api_of(flow.request)
-        if api is None:
+        result = normalize_request(flow.request, self.rules, diagnose=ctx.options.prefix_diagnosis)
+        if result is None:
             return
-        body = read_json_body(flow.request)
-        if isinstance(body, LeftAlone):
-            if body.worth_a_warning:
-                logger.warning(f"{flow.request.method} {flow.request.path}: {body.reason}; passed through unchanged")
-            return
-        client_body = flow.request.get_content()
-        snapshot = PromptSnapshot.of(body, api) if ctx.options.prefix_diagnosis else None
-        changes = normalize.normalize(body, api, self.rules)
-        if changes:
-            write_json_body(flow.request, body)
-        notes = {"api": api, "client_body": client_body, "changes": [str(change) for change in changes]}
-        if changes:
-            logger.info(f"{flow.request.path}: " + "; ".join(notes["changes"]))
-        if snapshot is not None:
-            result = self.diagnosis.observe(snapshot, body, self.rules, changes=changes)
-            notes.update(lane=result.lane, diagnosis=result.to_json())
-            logger.info(result.line())
-            append_comment(flow, result.line())
-            if result.prefix_broke:
+        notes = {"api": result.api, "client_body": result.client_body, "changes": [str(change) for change in result.changes]}
+        if result.snapshot is not None:
+            diagnosis = self.diagnosis.observe(result.snapshot, result.body, self.rules, changes=result.changes)
+            notes.update(lane=diagnosis.lane, diagnosis=diagnosis.to_json())
+            logger.info(diagnosis.line())
+            append_comment(flow, diagnosis.line())
+            if diagnosis.prefix_broke:
                 flow.marked = BROKEN_PREFIX_MARK
+        if result.changes:
+            append_comment(flow, "normalized: " + "; ".join(notes["changes"]))
         flow.metadata[METADATA_KEY] = notes
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:

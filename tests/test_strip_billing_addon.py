@@ -212,6 +212,7 @@ def test_diagnosis_goes_to_the_comment_and_the_log(addon, caplog):
     assert first.comment.startswith("lane main · first request")
     assert second.comment.startswith("lane main · prefix stable ")
     assert "(billing header; stripped)" in second.comment
+    assert second.comment.splitlines()[1].startswith("normalized: billing_header system[0]: removed billing header block")
     assert not second.marked
     assert "lane main · prefix stable" in caplog.text
 
@@ -247,7 +248,8 @@ def test_diagnosis_can_be_switched_off(addon):
     addon.tctx.configure(addon, prefix_diagnosis=False)
     flow = api_flow(claude_code.main_request())
     addon.request(flow)
-    assert flow.comment == "" and "lane" not in flow.metadata["stable_prefix"]
+    assert flow.comment.startswith("normalized: billing_header system[0]")
+    assert "lane" not in flow.comment and "lane" not in flow.metadata["stable_prefix"]
 
 
 def test_session_totals_are_logged_at_shutdown(addon, caplog):
