@@ -25,12 +25,13 @@ $(VENV)/.setup-done: requirements.txt
 	$(PY) -m pip install --quiet --no-deps vllm-mlx==$(VLLM_MLX_VERSION)
 	touch $@
 
-# build/tiny-model: the `default` preset (demo, bench, end-to-end: a cold 20K-token
-# prompt prefills in about a minute). build/tiny-model-test: the `test` preset,
-# for tests that want ~1 s per 2K-token prompt. Rebuilt only when missing or
-# when the script changed (same seed: byte-identical files).
+# Builds both tiny models. build/tiny-model: the `default` preset (demo, bench,
+# end-to-end: a cold 20K-token prompt prefills in about a minute).
+# build/tiny-model-test: the `test` preset, for tests that want ~1 s per 2K-token
+# prompt. Rebuilt only when missing or when the script changed (same seed:
+# byte-identical files).
 # Any size: $(PY) tools/build_tiny_model.py --out DIR --preset large --layers 8 ...
-tiny-model: $(TINY_MODEL)/config.json
+tiny-model: $(TINY_MODEL)/config.json $(TINY_MODEL)-test/config.json
 
 tiny-model-test: $(TINY_MODEL)-test/config.json
 
