@@ -31,7 +31,7 @@ if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addon
 
 from addons.diagnosis import PrefixDiagnosis, PromptSnapshot  # noqa: E402
 from addons.normalize import Rules  # noqa: E402
-from addons.request_body import api_of  # noqa: E402
+from addons.request_body import FLOW_NOTES, api_of  # noqa: E402
 from addons.sse_events import SSEParser  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ RECORD_FORMAT = "stable-prefix capture 1"
 DEFAULT_CAPTURE_DIR = Path(__file__).resolve().parent.parent / "captures" / "sessions"
 REDACTED = "[redacted]"
 SECRET_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie", "anthropic-api-key"})
-STRIP_BILLING_NOTES = "stable_prefix"  # strip_billing.METADATA_KEY, without importing the script
 CAPTURE_NOTES = "capture"
 NO_RULES = Rules(strip_billing_header=False, rewrite_system_messages=False)
 
@@ -196,7 +195,7 @@ class Capture:
         self.written += 1
 
     def record(self, flow: http.HTTPFlow, notes: dict) -> dict:
-        stripped = flow.metadata.get(STRIP_BILLING_NOTES, {})
+        stripped = flow.metadata.get(FLOW_NOTES, {})
         client_content = stripped.get("client_body", notes["client_body"])
         forwarded_content = flow.request.get_content(strict=False)
         client_key, client_body = json_or_text(client_content)

@@ -24,6 +24,9 @@ from addons.normalize import Api, api_for
 
 logger = logging.getLogger(__name__)
 
+# flow.metadata key under which strip_billing leaves its notes on a flow.
+FLOW_NOTES = "stable_prefix"
+
 # Anthropic's own API: stripping there can break billing or auth, so hands off.
 ANTHROPIC_DOMAINS = ("anthropic.com", "claude.ai")
 

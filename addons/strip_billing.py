@@ -18,7 +18,8 @@ Conventions for the addons in this folder:
 - Options are declared in `load()`, parsed in `configure()`; a bad value raises
   OptionsError naming the option and the value.
 - What this addon learned about a flow is in `flow.metadata["stable_prefix"]`
-  (see `FlowNotes`); `capture.py` reads it.
+  (`request_body.FLOW_NOTES`): api, client_body (bytes as sent), changes,
+  lane, diagnosis (JSON); `capture.py` reads it.
 - Notes for the user go to the log and are appended to `flow.comment`.
 """
 
@@ -35,11 +36,10 @@ if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addon
 
 from addons import normalize  # noqa: E402
 from addons.diagnosis import PrefixDiagnosis  # noqa: E402
-from addons.request_body import normalize_request  # noqa: E402
+from addons.request_body import FLOW_NOTES, normalize_request  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-METADATA_KEY = "stable_prefix"
 BROKEN_PREFIX_MARK = ":warning:"
 
 
@@ -113,7 +113,7 @@ class StripBilling:
                 flow.marked = BROKEN_PREFIX_MARK
         if result.changes:
             append_comment(flow, "normalized: " + "; ".join(notes["changes"]))
-        flow.metadata[METADATA_KEY] = notes
+        flow.metadata[FLOW_NOTES] = notes
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # Without this mitmproxy buffers the whole answer (and swallows SSE).

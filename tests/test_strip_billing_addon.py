@@ -10,6 +10,7 @@ from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
 from addons import strip_billing
+from addons.request_body import FLOW_NOTES
 from addons.strip_billing import StripBilling
 from fixtures import claude_code
 
@@ -149,7 +150,7 @@ def test_requests_it_must_not_touch_pass_byte_for_byte(addon, case):
     addon.request(flow)
     assert flow.request.raw_content == raw
     assert flow.request.headers == headers_before
-    assert strip_billing.METADATA_KEY not in flow.metadata
+    assert FLOW_NOTES not in flow.metadata
 
 
 def test_unreadable_body_is_logged_with_what_happened(addon, caplog):
