@@ -195,6 +195,17 @@ def assert_billing_block_never_reached_the_engine(turns: list[Turn]) -> None:
             f"request {turn.number} reached the engine with the billing header")
 
 
+def assert_no_system_message_reached_the_engine_mid_conversation(turns: list[Turn]) -> None:
+    """vllm-mlx hoists `role:system` messages to the front of the prompt; the proxy rewrites them in place."""
+    def system_message_indexes(body: dict) -> list[int]:
+        return [index for index, message in enumerate(body["messages"]) if message.get("role") == "system"]
+    assert any(system_message_indexes(turn.capture["client_body"]) for turn in turns), (
+        "Claude Code sent no role:system message; has the CLI changed?")
+    for turn in turns:
+        assert not system_message_indexes(turn.arrived["request"]), (
+            f"request {turn.number} reached the engine with a role:system message inside messages")
+
+
 def assert_requests_fit_the_server(turns: list[Turn]) -> None:
     for turn in turns:
         assert turn.arrived["status"] == 200, f"request {turn.number}: engine answered {turn.arrived['status']}"
@@ -235,6 +246,7 @@ def test_print_mode_conversation_reuses_the_cache_on_every_continued_turn(stack:
     assert [turn.kind for turn in turns] == ["main"] * len(PRINT_MODE_TURNS), "one main-agent request per -p turn"
     assert len({turn.lane for turn in turns}) == 1, "a continued conversation stays in its lane"
     assert_billing_block_never_reached_the_engine(turns)
+    assert_no_system_message_reached_the_engine_mid_conversation(turns)
     assert_requests_fit_the_server(turns)
     assert_every_later_request_of_a_lane_is_warm(turns)
     assert all(later > earlier for earlier, later in zip(reused_after_each_turn, reused_after_each_turn[1:])), (
@@ -266,6 +278,7 @@ def test_interactive_session_keeps_title_requests_in_their_own_lane(stack: Stack
     assert len(main_lanes) == 1, f"the main agent's turns were split over lanes {main_lanes}"
     assert not main_lanes & side_lanes, f"side requests share the main agent's lane: {main_lanes & side_lanes}"
     assert_billing_block_never_reached_the_engine(turns)
+    assert_no_system_message_reached_the_engine_mid_conversation(turns)
     assert_requests_fit_the_server(turns)
     assert_every_later_request_of_a_lane_is_warm(turns)
     assert reused_after_each_turn[-1] > reused_after_each_turn[0], (
