@@ -57,7 +57,9 @@ class Stack:
         """Every finished /v1/messages exchange, as the engine's door saw it."""
         if not self.door_record.exists():
             return []
-        records = [json.loads(line) for line in self.door_record.read_text().splitlines() if line.strip()]
+        # The recorder may be writing right now: only newline-terminated lines are complete.
+        complete_lines = self.door_record.read_text().split("\n")[:-1]
+        records = [json.loads(line) for line in complete_lines if line.strip()]
         return [record for record in records if record["path"].split("?")[0] == "/v1/messages"]
 
 
