@@ -127,7 +127,16 @@ def test_a_body_with_nothing_to_change_goes_byte_for_byte(addon):
 
 # --- what it leaves alone -----------------------------------------------------
 
+def _ten_megabytes_with_nothing_to_change() -> bytes:
+    body = claude_code.main_request(turns=1)
+    body["system"] = body["system"][1:]  # no billing block
+    body["messages"] = body["messages"][:1]  # no system message
+    body["messages"][0]["content"][0]["text"] = "y" * (10 * 1024 * 1024)
+    return json.dumps(body, indent=1).encode()
+
+
 UNTOUCHED = {
+    "10 MB, nothing to change": dict(body=_ten_megabytes_with_nothing_to_change()),
     "not JSON": dict(body=b"hello, not json"),
     "truncated JSON": dict(body=json.dumps(claude_code.main_request()).encode()[:-40]),
     "JSON array": dict(body=b'[{"system": "x-anthropic-billing-header: a"}]'),
@@ -150,7 +159,8 @@ def test_requests_it_must_not_touch_pass_byte_for_byte(addon, case):
     addon.request(flow)
     assert flow.request.raw_content == raw
     assert flow.request.headers == headers_before
-    assert FLOW_NOTES not in flow.metadata
+    if case != "10 MB, nothing to change":  # ours, readable, just nothing to do
+        assert FLOW_NOTES not in flow.metadata
 
 
 def test_unreadable_body_is_logged_with_what_happened(addon, caplog):
