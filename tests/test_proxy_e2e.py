@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -217,3 +218,10 @@ def test_unreadable_body_is_reported_as_passed_through(session):
 def test_session_totals_are_logged_at_shutdown(session):
     assert "lane main · 4 requests · prefix kept 2/3 · " in session.log
     assert "capture: 8 request(s) written to " in session.log
+
+
+def test_mitmdump_refuses_to_start_with_a_bad_option_naming_it():
+    command = mitmdump_command(["addons/strip_billing.py"], "http://127.0.0.1:9", free_port(), {"model_map": "claude-*"})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode != 0
+    assert "OptionsError: model_map='claude-*': entry 'claude-*' is not of the form pattern=served-model-name" in result.stdout + result.stderr
