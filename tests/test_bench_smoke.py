@@ -1,0 +1,61 @@
+"""A `make bench QUICK=1`-sized replay, end to end: real vllm-mlx servers (as
+shipped, and patched behind a real mitmdump with our addon), every output file
+written, and the product reusing more of the prompt than vllm-mlx as shipped."""
+
+import json
+
+import pytest
+
+from bench import run
+from tests.support.models import require_model
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["--configs", "1,4", "--limit", "10", "--scale", "0.03", "--overhead-samples", "5", "--out", str(out), "--model", str(require_model())]
+    assert run.main(argv) == 0
+    return out, json.loads((out / "latest.json").read_text())
+
+
+def by_key(result_json):
+    return {config["key"]: config["summary"] for config in result_json["configurations"]}
+
+
+def test_every_output_file_is_written(result):
+    out, _ = result
+    assert (out / "latest.md").read_text().count("| 1-shipped") == 2  # main table and lane table
+    assert (out / "latest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_has_rows_for_every_request_of_every_configuration_and_the_summary_fields(result):
+    _, data = result
+    assert len(data["rows"]) == 2 * 10
+    assert all(row["status"] == 200 and row["error"] is None for row in data["rows"])
+    for summary in by_key(data).values():
+        assert {"cold_ttft_median_s", "warm_ttft_median_s", "reuse_efficiency", "proxy_overhead_ms_p50"} <= summary.keys()
+    assert by_key(data)["4-patched+addon"]["proxy_overhead_ms_p50"] is not None
+    assert by_key(data)["1-shipped"]["proxy_overhead_ms_p50"] is None
+
+
+def test_product_reuses_more_than_vllm_mlx_as_shipped(result):
+    _, data = result
+    shipped, product = by_key(data)["1-shipped"], by_key(data)["4-patched+addon"]
+    assert product["reuse_efficiency"] > shipped["reuse_efficiency"]
+    assert product["tokens_prefilled"] < shipped["tokens_prefilled"]
+
+
+def test_the_ideal_baseline_renders_the_prompts_the_servers_prefilled(result):
+    # The ideal-reuse baseline is only right if our rendering is token-exact.
+    _, data = result
+    for row in data["rows"]:
+        assert row["rendered_prompt_tokens"] == row["prompt_tokens"], row
+
+
+def test_the_product_rows_carry_the_addons_diagnosis(result):
+    _, data = result
+    product_rows = [row for row in data["rows"] if row["configuration"] == "4-patched+addon"]
+    assert all(row["diagnosis"] and row["diagnosis"].startswith("lane ") for row in product_rows)
+    assert all(row["reuse_source"] == "usage" for row in product_rows)
