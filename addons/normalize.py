@@ -5,9 +5,9 @@ This module is the single owner of that definition. The proxy addon
 CLI (`python -m captures diff --normalized`) all call these functions.
 
 Every rule is a plain function over a parsed request body (a dict) that edits
-it in place and returns the `Change`s it made; with `dry_run=True` it only
-reports what it would change. That second mode is how the diagnosis asks
-"which rule explains this divergence?" of a body the rule was never applied to.
+it in place and returns the `Change`s it made. The line predicates
+(`rule_for_line`) are how the diagnosis asks "which rule explains this
+divergence?" of a body the rule was never applied to.
 
 Rules that keep the prompt prefix stable:
   billing_header   drop Claude Code's `x-anthropic-billing-header: ...` from the
@@ -196,7 +196,7 @@ def system_texts(body: dict, api: Api) -> list[str]:
     return [container[key] for _, container, key in _system_text_places(body, api)]
 
 
-def _drop_system_lines(body: dict, api: Api, rule: str, is_volatile, what: str, dry_run: bool) -> list[Change]:
+def _drop_system_lines(body: dict, api: Api, rule: str, is_volatile, what: str) -> list[Change]:
     """Shared by the billing and date rules: drop matching lines from the
     system prompt; a text block or message left empty is removed entirely."""
     changes: list[Change] = []
@@ -207,13 +207,11 @@ def _drop_system_lines(body: dict, api: Api, rule: str, is_volatile, what: str, 
             continue
         if new_text.strip():
             changes.append(Change(rule, path, f"removed {what} line"))
-            if not dry_run:
-                container[key] = new_text
+            container[key] = new_text
         else:
             changes.append(Change(rule, path, f"removed {what} block"))
             emptied.append((path, container, key))
-    if not dry_run:
-        _remove_emptied(body, api, emptied)
+    _remove_emptied(body, api, emptied)
     return changes
 
 
@@ -244,15 +242,15 @@ def _remove_emptied(body: dict, api: Api, emptied: list[tuple[str, Any, str]]) -
 # --- the rules ----------------------------------------------------------------
 
 
-def strip_billing_header(body: dict, api: Api, *, dry_run: bool = False) -> list[Change]:
+def strip_billing_header(body: dict, api: Api) -> list[Change]:
     """Remove `x-anthropic-billing-header: ...` from the system prompt: the
     whole block when it holds nothing else, otherwise only that line."""
-    return _drop_system_lines(body, api, BILLING_HEADER, is_billing_line, "billing header", dry_run)
+    return _drop_system_lines(body, api, BILLING_HEADER, is_billing_line, "billing header")
 
 
-def drop_date_line(body: dict, api: Api, *, dry_run: bool = False) -> list[Change]:
+def drop_date_line(body: dict, api: Api) -> list[Change]:
     """Remove a `Today's date is ...` line from the system prompt."""
-    return _drop_system_lines(body, api, DATE_LINE, is_date_line, "date", dry_run)
+    return _drop_system_lines(body, api, DATE_LINE, is_date_line, "date")
 
 
 def _wrap_reminder(content: Any) -> Any | None:
@@ -272,7 +270,7 @@ def _wrap_reminder(content: Any) -> Any | None:
     return None
 
 
-def rewrite_system_messages(body: dict, api: Api, *, dry_run: bool = False) -> list[Change]:
+def rewrite_system_messages(body: dict, api: Api) -> list[Change]:
     """Turn `role:"system"` items inside `messages` into user messages.
 
     Each rewrite looks at that one message only, so `messages[i]` comes out
@@ -297,9 +295,8 @@ def rewrite_system_messages(body: dict, api: Api, *, dry_run: bool = False) -> l
         if wrapped is None:
             continue
         changes.append(Change(SYSTEM_MESSAGES, f"messages[{index}]", "system message rewritten as user <system-reminder>"))
-        if not dry_run:
-            message["role"] = "user"
-            message["content"] = wrapped
+        message["role"] = "user"
+        message["content"] = wrapped
     return changes
 
 
@@ -319,19 +316,18 @@ def tool_names(body: dict) -> list[str]:
     return [_tool_name(tool) for tool in tools] if isinstance(tools, list) else []
 
 
-def sort_tools(body: dict, api: Api, *, dry_run: bool = False) -> list[Change]:
+def sort_tools(body: dict, api: Api) -> list[Change]:
     tools = body.get("tools")
     if not isinstance(tools, list):
         return []
     ordered = sorted(tools, key=_tool_name)  # stable: unnamed tools keep their order
     if ordered == tools:
         return []
-    if not dry_run:
-        body["tools"] = ordered
+    body["tools"] = ordered
     return [Change(TOOL_ORDER, "tools", f"sorted {len(tools)} tools by name")]
 
 
-def map_model(body: dict, model_map: tuple[tuple[str, str], ...], *, dry_run: bool = False) -> list[Change]:
+def map_model(body: dict, model_map: tuple[tuple[str, str], ...]) -> list[Change]:
     requested = body.get("model")
     if not isinstance(requested, str):
         return []
@@ -339,20 +335,18 @@ def map_model(body: dict, model_map: tuple[tuple[str, str], ...], *, dry_run: bo
         if fnmatch.fnmatchcase(requested, pattern):
             if served == requested:
                 return []
-            if not dry_run:
-                body["model"] = served
+            body["model"] = served
             return [Change(MODEL, "model", f"{requested} -> {served}")]
     return []
 
 
-def cap_max_tokens(body: dict, cap: int, *, dry_run: bool = False) -> list[Change]:
+def cap_max_tokens(body: dict, cap: int) -> list[Change]:
     changes = []
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             changes.append(Change(MAX_TOKENS, key, f"{value} -> {cap}"))
-            if not dry_run:
-                body[key] = cap
+            body[key] = cap
     return changes
 
 
@@ -370,9 +364,9 @@ def normalize(body: dict, api: Api, rules: Rules = Rules()) -> list[Change]:
     for rule in PROMPT_RULES:
         if rules.enabled(rule):
             changes += _PROMPT_RULE_FUNCTIONS[rule](body, api)
-    if rules.model_map:
+    if rules.enabled(MODEL):
         changes += map_model(body, rules.model_map)
-    if rules.max_tokens_cap > 0:
+    if rules.enabled(MAX_TOKENS):
         changes += cap_max_tokens(body, rules.max_tokens_cap)
     return changes
 
