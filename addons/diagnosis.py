@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from addons import normalize
-from addons.lanes import LaneNames, lane_signature
+from addons.lanes import LaneNames, LaneSignature, lane_signature
 from addons.normalize import RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change, Rules
 from addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
 
@@ -36,7 +36,7 @@ class PromptSnapshot:
 
     api: Api
     order: PromptOrder
-    signature: object  # lanes.LaneSignature
+    signature: LaneSignature
 
     @classmethod
     def of(cls, body: dict, api: Api) -> PromptSnapshot:
@@ -126,23 +126,40 @@ def untouched_segments(client: PromptSnapshot, changes: list[Change]) -> dict[st
     return {segment.path: segment for segment in client.order.segments if untouched(segment.path)}
 
 
-def explain(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> str | None:
+def explain(previous: PromptOrder, current: PromptOrder, divergence: Divergence, api: Api) -> str | None:
     """The rule whose subject sits where two prompt orders first differ, or None."""
     index = divergence.segment_index
-    pair = [order.segments[index] for order in (previous, current) if index < len(order.segments)]
-    for segment in pair:
+    pair = [(order, order.segments[index]) for order in (previous, current) if index < len(order.segments)]
+    for _, segment in pair:
         if _is_system_text(segment):
             offset = divergence.offset_in_segment
             rule = normalize.rule_for_line(line_at(segment, min(offset, max(len(segment.data) - 1, 0))))
             if rule:
                 return rule
-    if any(isinstance(s.value, dict) and s.value.get("role") == "system" and s.path.startswith("messages") for s in pair):
+    if any(_is_mid_conversation_system_message(order, segment, api) for order, segment in pair):
         return SYSTEM_MESSAGES
-    if any(s.path.startswith("tools[") for s in pair):
+    if any(segment.path.startswith("tools[") for _, segment in pair):
         before, after = _tool_names(previous), _tool_names(current)
         if before != after and sorted(before) == sorted(after):
             return TOOL_ORDER
     return None
+
+
+def _message_index(segment: Segment) -> int | None:
+    return int(segment.path[len("messages[") : segment.path.index("]")]) if segment.path.startswith("messages[") else None
+
+
+def _is_mid_conversation_system_message(order: PromptOrder, segment: Segment, api: Api) -> bool:
+    """A system message the system_messages rule rewrites: any inside an
+    Anthropic `messages`; on the OpenAI path only those after the first
+    non-system message (the leading ones are the system prompt itself)."""
+    index = _message_index(segment)
+    if index is None or not (isinstance(segment.value, dict) and segment.value.get("role") == "system"):
+        return False
+    if api == "anthropic":
+        return True
+    conversation = [_message_index(s) for s in order.segments if _message_index(s) is not None and s.value.get("role") not in ("system", "developer")]
+    return bool(conversation) and index > min(conversation)
 
 
 def _is_system_text(segment: Segment) -> bool:
@@ -191,11 +208,11 @@ class PrefixDiagnosis:
         comparison = compare(state.forwarded, forwarded)
         explained_by = None
         if not comparison.prefix_kept:
-            explained_by = explain(state.forwarded, forwarded, comparison.first_divergence)
+            explained_by = explain(state.forwarded, forwarded, comparison.first_divergence, client.api)
         neutralized = None
         raw_comparison = compare(state.raw, client.order)
         if not raw_comparison.prefix_kept:
-            rule = explain(state.raw, client.order, raw_comparison.first_divergence)
+            rule = explain(state.raw, client.order, raw_comparison.first_divergence, client.api)
             if rule and rules.enabled(rule) and rule != explained_by:
                 neutralized = Neutralized(rule, raw_comparison.first_divergence)
         state.raw, state.forwarded = client.order, forwarded

@@ -160,3 +160,23 @@ def test_reusing_the_clients_untouched_segments_gives_the_same_order_as_serializ
         assert reused == prompt_order(body, api)
         if api == "anthropic":
             assert any(segment.path.startswith("tools[") for segment in untouched_segments(snapshot, changes).values()) != rules.sort_tools
+
+
+def test_openai_system_prompt_change_is_not_blamed_on_the_system_message_rule():
+    session = Session()
+    first, edited = claude_code.openai_request(2), claude_code.openai_request(3)
+    for body in (first, edited):  # a system prompt long enough that its end is not part of the lane's identity
+        body["messages"][0]["content"] += "\n" + "Keep answers short. " * 20
+    session.send(first, "openai")
+    edited["messages"][0]["content"] += "\nA new instruction."
+    result = session.send(edited, "openai")
+    assert result.prefix_broke and result.explained_by is None
+
+
+def test_openai_mid_conversation_system_message_is_explained_when_not_rewritten():
+    session = Session(Rules(rewrite_system_messages=False))
+    session.send(claude_code.openai_request(2), "openai")
+    later = claude_code.openai_request(3)
+    later["messages"].append({"role": "system", "content": "Reminder: tests are failing."})
+    result = session.send(later, "openai")
+    assert result.prefix_broke and result.explained_by == "system_messages"
