@@ -26,6 +26,10 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f} ms"
 
 
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
 def _growth(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.0f} ms"
 
@@ -38,8 +42,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"model: {model['description']}; machine: {result['machine']}.",
         f"Command: `{result['command']}`",
         "",
-        "| configuration | cold TTFT (median) | warm TTFT (median) | reuse efficiency | warm TTFT growth per 1K prompt tokens | tokens prefilled | proxy overhead p50 / p95 |",
-        "|---|---|---|---|---|---|---|",
+        "| configuration | cold TTFT (median) | warm TTFT (median) | reuse efficiency | warm TTFT growth per 1K prompt tokens | warm TTFT / cold prefill of its new tokens (median) | tokens prefilled | proxy overhead p50 / p95 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for config in result["configurations"]:
         summary = config["summary"]
@@ -51,6 +55,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {config['key']}: {config['title']} | {_seconds(summary['cold_ttft_median_s'])} | "
             f"{_seconds(summary['warm_ttft_median_s'])} | {_ratio(summary['reuse_efficiency'])} | "
             f"{_growth(summary['warm_ttft_growth_ms_per_1k_tokens'])} | "
+            f"{_times(summary.get('warm_ttft_over_new_token_prefill_median'))} | "
             f"{'n/a' if prefilled is None else f'{prefilled:,}'} of {summary['prompt_tokens']:,} | {overhead} |"
         )
     lanes = sorted({lane for config in result["configurations"] for lane in config["summary"]["lanes"]})

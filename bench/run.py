@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from addons.normalize import Rules, api_for, normalize
-from bench import proxy_overhead, report
+from bench import prefill_reference, proxy_overhead, report
 from bench.metrics import Row, mark_cold_and_warm, summarize
 from bench.prompt_tokens import PromptRenderer, ideal_reusable_tokens
 from bench.replay import Measured, replay, warm_up
@@ -55,7 +55,9 @@ class PromptViews:
         self.ideal = {addon: ideal_reusable_tokens(ids) for addon, ids in self.tokens.items()}
 
 
-def rows_for(config: Configuration, measured: list[Measured], views: PromptViews) -> list[Row]:
+def rows_for(
+    config: Configuration, measured: list[Measured], views: PromptViews, reference: list[tuple[int, float]] | None = None
+) -> list[Row]:
     rows = []
     for result in measured:
         index = result.request.index
@@ -80,6 +82,7 @@ def rows_for(config: Configuration, measured: list[Measured], views: PromptViews
             "ttft_s": result.reply.ttft_s,
             "total_s": result.reply.total_s,
             "diagnosis": result.diagnosis,
+            "new_token_prefill_s": None if reused is None or not reference else prefill_reference.prefill_seconds(reference, prompt - reused),
         })
     return mark_cold_and_warm(rows)
 
@@ -95,11 +98,14 @@ def progress_line(config: Configuration, result: Measured) -> str:
     )
 
 
-def run_configuration(config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int) -> list[Measured]:
+def run_configuration(
+    config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer
+) -> tuple[list[Measured], list[tuple[int, float]]]:
+    """The replay's measurements, and the server's cold-prefill reference measured after it."""
     print(f"{config.key}: {config.title}", flush=True)
     with started(config, model_dir, log_dir) as endpoints:
         warm_up(endpoints.server_url, SERVED_MODEL_NAME)
-        return replay(
+        measured = replay(
             requests,
             endpoints.client_url,
             server_url=endpoints.server_url,
@@ -110,6 +116,9 @@ def run_configuration(config: Configuration, requests: list[Request], model_dir:
             model=None if config.addon else SERVED_MODEL_NAME,
             on_result=lambda result: print(progress_line(config, result), flush=True),
         )
+        reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME)
+        print(f"  cold prefill reference (tokens, TTFT s): {[(tokens, round(ttft, 2)) for tokens, ttft in reference]}", flush=True)
+        return measured, reference
 
 
 def model_description(model_dir: Path) -> dict[str, Any]:
@@ -170,14 +179,23 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     started_at = time.time()
     requests = generate_session(args.seed, args.scale)[: args.limit]
     print(f"rendering {len(requests)} requests with {args.model}'s chat template for the ideal-reuse baseline ...", flush=True)
-    views = PromptViews(requests, PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER))
+    renderer = PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER)
+    views = PromptViews(requests, renderer)
     log_dir = args.out / "logs"
     configurations = []
     rows: list[Row] = []
     for config in args.configurations:
-        config_rows = rows_for(config, run_configuration(config, requests, args.model, log_dir, args.max_tokens), views)
+        measured, reference = run_configuration(config, requests, args.model, log_dir, args.max_tokens, renderer)
+        config_rows = rows_for(config, measured, views, reference)
         rows += config_rows
-        configurations.append({"key": config.key, "title": config.title, "engine": config.engine, "addon": config.addon, "summary": summarize(config_rows)})
+        configurations.append({
+            "key": config.key,
+            "title": config.title,
+            "engine": config.engine,
+            "addon": config.addon,
+            "cold_prefill_reference": [{"prompt_tokens": tokens, "ttft_s": ttft} for tokens, ttft in reference],
+            "summary": summarize(config_rows),
+        })
     overhead = None
     if args.overhead_samples > 0:
         print(f"proxy overhead: {args.overhead_samples} request pairs against a loopback stub ...", flush=True)

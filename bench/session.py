@@ -108,7 +108,7 @@ class Request:
         return json.dumps(self.body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-class _Text:
+class TextSource:
     """Seeded filler text: prose, identifiers, code and command output, sized in tokens."""
 
     def __init__(self, rng: random.Random, scale: float):
@@ -193,7 +193,7 @@ class _Text:
         return "\n".join(lines) + f"\n{self.rng.randint(20, 300)} passed in {self.rng.uniform(0.5, 30):.2f}s"
 
 
-def _json_schema(text: _Text, tokens: float) -> dict:
+def _json_schema(text: TextSource, tokens: float) -> dict:
     """A tool's input schema in the style of real tool definitions, about `tokens` long."""
     properties: dict[str, dict] = {}
     budget = text.chars(tokens)
@@ -221,7 +221,7 @@ def _json_schema(text: _Text, tokens: float) -> dict:
     }
 
 
-def _tool_definitions(text: _Text) -> dict[str, dict]:
+def _tool_definitions(text: TextSource) -> dict[str, dict]:
     """All main tools, in the client's order; subagents pick subsets of these same definitions."""
     total_weight = sum(MAIN_TOOLS.values())
     tools = {}
@@ -235,7 +235,7 @@ def _tool_definitions(text: _Text) -> dict[str, dict]:
     return tools
 
 
-def _environment(text: _Text, project: str, conversation: int) -> str:
+def _environment(text: TextSource, project: str, conversation: int) -> str:
     """The environment section, whose git status differs in each conversation."""
     modified = "\n".join(f" M {text.source_path()}" for _ in range(3))
     commits = "\n".join(f"{text.hex(7)} {text.sentence(3, 7)}" for _ in range(5))
@@ -280,14 +280,14 @@ def _text_message(role: str, text: str) -> dict:
     return {"role": role, "content": [{"type": "text", "text": text}]}
 
 
-def _system_reminder(text: _Text) -> dict:
+def _system_reminder(text: TextSource) -> dict:
     return _text_message("system", text.prose(SYSTEM_REMINDER_TOKENS))
 
 
 class _SessionBuilder:
     def __init__(self, seed: int, scale: float, per_request_cch: bool):
         self.rng = random.Random(seed)
-        self.text = _Text(self.rng, scale)
+        self.text = TextSource(self.rng, scale)
         self.per_request_cch = per_request_cch
         self.requests: list[Request] = []
         self.user_id = f"user_{self.text.hex(64)}_account__session_{self.text.hex(8)}-{self.text.hex(4)}"

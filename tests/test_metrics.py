@@ -10,6 +10,7 @@ from bench.metrics import (
     summarize,
     warm_ttft_growth_ms_per_1k_tokens,
 )
+from bench.prefill_reference import prefill_seconds
 from bench.prompt_tokens import common_prefix_length, ideal_reusable_tokens
 
 
@@ -77,6 +78,20 @@ def test_warm_ttft_growth_is_the_slope_over_prompt_length(trace):
 def test_flat_warm_ttft_has_zero_growth():
     rows = mark_cold_and_warm([row("main", 0, n, 0, 0, 0.5) for n in (1000, 2000, 3000, 4000)])
     assert warm_ttft_growth_ms_per_1k_tokens(rows) == pytest.approx(0.0)
+
+
+def test_warm_ttft_is_compared_with_a_cold_prefill_of_its_new_tokens(trace):
+    trace[2]["new_token_prefill_s"] = 1.0  # warm, TTFT 2.0 -> 2.0
+    trace[4]["new_token_prefill_s"] = 2.0  # warm, TTFT 3.0 -> 1.5
+    trace[3]["new_token_prefill_s"] = 4.0  # warm, TTFT 1.0 -> 0.25
+    trace[0]["new_token_prefill_s"] = 1.0  # cold: not counted
+    assert summarize(trace)["warm_ttft_over_new_token_prefill_median"] == 1.5
+
+
+def test_prefill_reference_interpolates_and_extends_the_last_slope():
+    reference = [(1000, 2.0), (100, 0.2), (2000, 5.0)]
+    assert prefill_seconds(reference, 550) == pytest.approx(1.1)
+    assert prefill_seconds(reference, 3000) == pytest.approx(8.0)
 
 
 def test_proxy_overhead_pairs_each_proxied_request_with_a_direct_one():
