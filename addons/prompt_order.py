@@ -13,9 +13,10 @@ prompt is rendered, not in the order JSON keys happen to be sent:
 
 Each piece is a `Segment` with its JSON path in the request body. Segments are
 serialized deterministically (canonical JSON: sorted keys, no spaces, UTF-8),
-each followed by a newline, with every `cache_control` marker left out:
-Claude Code moves those to the newest turn every time and they do not change
-what the model reads.
+each followed by a newline, as the model reads them (`canonical_value`): every
+`cache_control` marker left out, and a content list of one plain text block
+taken as its text. Claude Code moves the marker to the newest turn every time,
+and flattens the message it leaves; neither changes what the model reads.
 
 The diagnosis and the captures CLI both compare two requests with `compare()`.
 """
@@ -81,14 +82,32 @@ class Comparison:
         return self.stable_prefix_bytes / self.total_bytes if self.total_bytes else 1.0
 
 
-def without_cache_control(value: Any) -> Any:
+def canonical_value(value: Any) -> Any:
+    """The value as the model reads it: `cache_control` markers dropped, and a
+    `content` list holding one plain text block read as that text. Claude Code
+    sends the newest message as `[{"type":"text","text":T,"cache_control":...}]`
+    and the same message on the next turn as the string T; a chat template
+    renders both alike, so they must compare equal."""
     # Scalars are returned in place, not recursed into: this runs over every
     # byte of every request, so the call count matters.
     if isinstance(value, dict):
-        return {k: without_cache_control(v) if isinstance(v, (dict, list)) else v for k, v in value.items() if k != "cache_control"}
+        result = {}
+        for key, item in value.items():
+            if key == "cache_control":
+                continue
+            if isinstance(item, (dict, list)):
+                item = canonical_value(item)
+                if key == "content" and isinstance(item, list) and len(item) == 1 and _is_plain_text_block(item[0]):
+                    item = item[0]["text"]
+            result[key] = item
+        return result
     if isinstance(value, list):
-        return [without_cache_control(v) if isinstance(v, (dict, list)) else v for v in value]
+        return [canonical_value(item) if isinstance(item, (dict, list)) else item for item in value]
     return value
+
+
+def _is_plain_text_block(item: Any) -> bool:
+    return isinstance(item, dict) and item.keys() == {"type", "text"} and item["type"] == "text" and isinstance(item["text"], str)
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
@@ -115,7 +134,7 @@ def _system_text(value: Any) -> str | None:
 
 
 def _segment(path: str, value: Any, *, system: bool = False) -> Segment:
-    value = without_cache_control(value)
+    value = canonical_value(value)
     text = _system_text(value) if system else None
     # System text is read as text (so a divergence can be traced to a line);
     # everything else as canonical JSON.

@@ -1,9 +1,9 @@
 """Comparing requests pairwise: the prefix diagnosis plus a structural diff.
 
 The prefix part is `addons.diagnosis` (the proxy's own code). The structural
-part is deepdiff over the two bodies, with `cache_control` left out for the
-same reason prompt order leaves it out: it moves every turn and changes nothing
-the model reads.
+part is deepdiff over the two bodies read as prompt order reads them
+(`canonical_value`: no `cache_control`, a one-text-block content list as its
+text): those differences move every turn and change nothing the model reads.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from deepdiff import DeepDiff
 
 from addons.diagnosis import Diagnosis, PrefixDiagnosis, PromptSnapshot
 from addons.normalize import Rules, normalize
+from addons.prompt_order import canonical_value
 from captures.inputs import RequestFile
 
 DEFAULT_RULES = Rules()
@@ -90,7 +91,7 @@ def format_path(keys: list) -> str:
 
 
 def changed_paths(before: dict, after: dict) -> list[PathChange]:
-    diff = DeepDiff(before, after, view="tree", exclude_regex_paths=[r"\['cache_control'\]$"])
+    diff = DeepDiff(canonical_value(before), canonical_value(after), view="tree")
     changes = []
     for report_type, levels in diff.items():
         kind = _CHANGE_KINDS.get(report_type, report_type)

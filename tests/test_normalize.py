@@ -224,10 +224,10 @@ def test_messages_that_are_not_a_list_are_left_alone():
 
 def test_date_line_is_dropped_from_the_system_prompt_only():
     body = claude_code.main_request()
-    body["messages"][0]["content"][0]["text"] = "Today's date is 2026-11-30."
+    body["messages"][0]["content"] = "Today's date is 2026-11-30."
     changes = normalize.drop_date_line(body, "anthropic")
     assert "Today's date" not in body["system"][2]["text"]
-    assert body["messages"][0]["content"][0]["text"] == "Today's date is 2026-11-30."
+    assert body["messages"][0]["content"] == "Today's date is 2026-11-30."
     assert [c.path for c in changes] == ["system[2]"]
 
 

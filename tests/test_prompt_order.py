@@ -32,8 +32,27 @@ def test_cache_control_markers_are_ignored():
     moved = claude_code.main_request(turns=2)
     for block in moved["system"]:
         block.pop("cache_control", None)
-    moved["messages"][0]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    moved["messages"][2]["content"][0]["cache_control"] = {"type": "ephemeral"}
     assert order(body).to_bytes() == order(moved).to_bytes()
+
+
+def test_a_one_text_block_list_reads_as_its_string():
+    as_list = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}
+    as_string = {"messages": [{"role": "user", "content": "hi"}]}
+    assert order(as_list).to_bytes() == order(as_string).to_bytes()
+
+
+def test_lists_of_several_blocks_and_blocks_with_more_fields_stay_lists():
+    two = {"messages": [{"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}]}
+    image = {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}
+    assert order(two).to_bytes() != order({"messages": [{"role": "user", "content": "hi"}]}).to_bytes()
+    assert b'"content":[{' in order(image).to_bytes()
+
+
+def test_the_message_that_lost_its_marker_and_list_form_keeps_the_prefix():
+    first_turn, second_turn = claude_code.main_request(turns=1), claude_code.main_request(turns=2)
+    assert isinstance(first_turn["messages"][0]["content"], list) and isinstance(second_turn["messages"][0]["content"], str)
+    assert compare(order(first_turn), order(second_turn)).prefix_kept
 
 
 def test_system_text_is_serialized_as_text():

@@ -106,11 +106,11 @@ def test_gzip_body_is_decoded_normalized_and_sent_gzipped(addon):
 
 def test_ten_megabyte_body_is_normalized(addon):
     body = claude_code.main_request()
-    body["messages"][0]["content"][0]["text"] = "x" * (10 * 1024 * 1024)
+    body["messages"][0]["content"] = "x" * (10 * 1024 * 1024)
     flow = api_flow(body)
     addon.request(flow)
     sent = sent_body(flow)
-    assert len(sent["messages"][0]["content"][0]["text"]) == 10 * 1024 * 1024
+    assert len(sent["messages"][0]["content"]) == 10 * 1024 * 1024
     assert "x-anthropic-billing-header" not in sent["system"][0]["text"]
     assert flow.request.headers["content-length"] == str(len(flow.request.raw_content))
 
