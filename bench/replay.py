@@ -156,6 +156,23 @@ def reuse_from_shipped_log(lines: Iterable[str]) -> tuple[int, int] | None:
     return None
 
 
+def reuse_figures(
+    reply: Reply, stats_before: dict | None, stats_after: dict | None, server_log_lines: list[str]
+) -> tuple[tuple[int | None, int] | None, str | None]:
+    """((prompt tokens or None, reused tokens), source) from the first source that has them."""
+    for source, figures in (
+        ("usage", reuse_from_usage(reply.usage)),
+        ("stats", reuse_from_stats(stats_before, stats_after)),
+        ("server-log", reuse_from_shipped_log(server_log_lines)),
+    ):
+        if figures is not None:
+            return figures, source
+    if reply.status == 200:
+        # vllm-mlx as shipped logs no cache line when it bypasses its cache: nothing reused.
+        return (None, 0), "server-log"
+    return None, None
+
+
 def for_client(request: Request, *, max_tokens: int, model: str | None) -> bytes:
     """The request bytes as this replay sends them (see module docstring)."""
     body = dict(request.body, max_tokens=max_tokens)
@@ -188,23 +205,13 @@ def replay(
         before = cache_stats(server_url)
         reply = post_streamed(base_url, MESSAGES_PATH, for_client(request, max_tokens=max_tokens, model=model))
         after = cache_stats(server_url)
-        logged = server_lines.new_lines()
-        figures, source = None, None
-        for source, figures in (
-            ("usage", reuse_from_usage(reply.usage)),
-            ("stats", reuse_from_stats(before, after)),
-            ("server-log", reuse_from_shipped_log(logged)),
-        ):
-            if figures is not None:
-                break
-        if figures is None and reply.status == 200:
-            figures, source = (None, 0), "server-log"  # the shipped engine logs nothing when it skips its cache
+        figures, source = reuse_figures(reply, before, after, server_lines.new_lines())
         measured = Measured(
             request=request,
             reply=reply,
             prompt_tokens=figures[0] if figures else None,
             reused_tokens=figures[1] if figures else None,
-            reuse_source=source if figures else None,
+            reuse_source=source,
             diagnosis=_diagnosis_line(proxy_lines.new_lines()),
         )
         results.append(measured)
