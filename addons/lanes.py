@@ -18,7 +18,8 @@ Names, assigned in order of first appearance:
                 a second such signature (e.g. after an MCP server added tools)
   sub:<hash>    other requests with tools; the billing header's
                 `cc_is_subagent=true`, when present, also says so
-  side:title    requests without tools whose system prompt speaks of a title
+  side:title    requests without tools that ask for a title (a `title` field
+                in their output schema, or the word in their system prompt)
   side:<hash>   other requests without tools
 <hash> is the first 6 hex digits of the signature's SHA-256, so a lane keeps
 its name across sessions as long as its tools and prompt opening do.
@@ -42,7 +43,13 @@ _TITLE = re.compile(r"\btitle\b", re.IGNORECASE)
 class LaneSignature:
     tools: tuple[str, ...]  # sorted
     opening: str
-    says_subagent: bool  # from the billing header, when the body still has it
+    # Hints for naming only, not identity:
+    says_subagent: bool = False  # from the billing header, when the body still has it
+    asks_for_title: bool = False  # its structured-output schema has a `title` field
+
+    @property
+    def identity(self) -> LaneSignature:
+        return LaneSignature(self.tools, self.opening)
 
     @property
     def digest(self) -> str:
@@ -69,7 +76,22 @@ def lane_signature(body: dict, api: Api) -> LaneSignature:
                 size += len(line) + 1
         if kept:
             openings.append("\n".join(kept)[:OPENING_CHARS])
-    return LaneSignature(tuple(sorted(tool_names(body))), "\x1d".join(openings), says_subagent)
+    return LaneSignature(tuple(sorted(tool_names(body))), "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body))
+
+
+def _output_schema_fields(body: dict) -> set[str]:
+    """Property names of a requested JSON output: Claude Code's title request
+    sets `output_config.format` (Anthropic), OpenAI clients `response_format`."""
+    fields: set[str] = set()
+    config = body.get("output_config")
+    for holder in (config.get("format") if isinstance(config, dict) else None, body.get("response_format")):
+        if not isinstance(holder, dict):
+            continue
+        nested = holder.get("json_schema")
+        for schema in (holder.get("schema"), nested.get("schema") if isinstance(nested, dict) else None):
+            if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
+                fields |= set(schema["properties"])
+    return fields
 
 
 class LaneNames:
@@ -79,9 +101,9 @@ class LaneNames:
         self._names: dict[LaneSignature, str] = {}
 
     def name_for(self, signature: LaneSignature) -> str:
-        # The subagent hint is not part of identity: the same agent may be seen
-        # with and without its billing header (e.g. stripped captures).
-        key = LaneSignature(signature.tools, signature.opening, False)
+        # Hints are not part of identity: the same agent may be seen with and
+        # without its billing header (e.g. stripped captures).
+        key = signature.identity
         if key not in self._names:
             self._names[key] = self._new_name(signature)
         return self._names[key]
@@ -89,7 +111,7 @@ class LaneNames:
     def _new_name(self, signature: LaneSignature) -> str:
         taken = set(self._names.values())
         if not signature.tools:
-            name = "side:title" if _TITLE.search(signature.opening) else f"side:{signature.digest}"
+            name = "side:title" if signature.asks_for_title or _TITLE.search(signature.opening) else f"side:{signature.digest}"
         elif not signature.says_subagent and (signature.can_start_subagents or not any(n.startswith("main") for n in taken)):
             name = "main"
         else:

@@ -67,3 +67,15 @@ def test_a_body_gets_the_same_lane_before_and_after_normalization():
     forwarded = claude_code.subagent_request("general")
     normalize.normalize(forwarded, "anthropic")
     assert lane_signature(raw, "anthropic").digest == lane_signature(forwarded, "anthropic").digest
+
+
+def test_a_toolless_request_asking_for_a_title_field_is_the_title_lane():
+    title = claude_code.title_request()
+    title["system"][1]["text"] = "Summarize the conversation in a few words."
+    title["output_config"] = {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"title": {"type": "string"}}}}}
+    assert lanes_of(title) == ["side:title"]
+
+
+def test_odd_output_settings_do_not_break_lane_naming():
+    for odd in ({"output_config": "json"}, {"output_config": {"format": {"json_schema": "x"}}}, {"response_format": {"type": "json_object"}}):
+        assert lanes_of({"messages": [], **odd})[0].startswith("side:")
