@@ -30,7 +30,6 @@ if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addon
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from addons.diagnosis import PrefixDiagnosis, PromptSnapshot  # noqa: E402
-from addons.normalize import Rules  # noqa: E402
 from addons.request_body import FLOW_NOTES, api_of  # noqa: E402
 from addons.sse_events import SSEParser  # noqa: E402
 
@@ -41,7 +40,6 @@ DEFAULT_CAPTURE_DIR = Path(__file__).resolve().parent.parent / "captures" / "ses
 REDACTED = "[redacted]"
 SECRET_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie", "anthropic-api-key"})
 CAPTURE_NOTES = "capture"
-NO_RULES = Rules(strip_billing_header=False, rewrite_system_messages=False)
 
 
 def redacted_headers(headers: http.Headers) -> dict[str, str]:
@@ -203,8 +201,7 @@ class Capture:
         api = api_of(flow.request)
         lane, diagnosis = stripped.get("lane"), stripped.get("diagnosis")
         if lane is None and isinstance(client_body, dict) and isinstance(forwarded_body, dict):
-            rules = Rules() if stripped else NO_RULES
-            result = self.diagnosis.observe(PromptSnapshot.of(client_body, api), forwarded_body, rules)
+            result = self.diagnosis.observe(PromptSnapshot.of(client_body, api), forwarded_body)
             lane, diagnosis = result.lane, result.to_json()
         return {
             "format": RECORD_FORMAT,

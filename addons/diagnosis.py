@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from addons import normalize
 from addons.lanes import LaneNames, LaneSignature, lane_signature
-from addons.normalize import RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change, Rules
+from addons.normalize import RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change
 from addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
 
 
@@ -62,7 +62,6 @@ class Diagnosis:
     total_bytes: int
     explained_by: str | None = None  # rule behind the forwarded break (a disabled one)
     neutralized: Neutralized | None = None
-    rules: Rules = field(default_factory=Rules)
 
     @property
     def prefix_broke(self) -> bool:
@@ -81,16 +80,13 @@ class Diagnosis:
             elif comparison.prefix_kept:
                 parts += [f"prefix stable {share}", f"first change {divergence.path}"]
             else:
-                cause = f" ({self.rule_note(self.explained_by)})" if self.explained_by else ""
+                cause = f" ({rule_note(self.explained_by, applied=False)})" if self.explained_by else ""
                 parts += [f"prefix broke at {divergence.path} byte {divergence.byte_offset:,}{cause}", f"stable {share}"]
         if self.neutralized:
             where = self.neutralized.divergence
-            parts.append(f"raw broke at {where.path} byte {where.byte_offset:,} ({self.rule_note(self.neutralized.rule)})")
+            parts.append(f"raw broke at {where.path} byte {where.byte_offset:,} ({rule_note(self.neutralized.rule, applied=True)})")
         return " · ".join(parts)
 
-    def rule_note(self, rule: str) -> str:
-        label, done, option = RULE_LABEL[rule]
-        return f"{label}; {done}" if self.rules.enabled(rule) else f"{label}; {option} off"
 
     def to_json(self) -> dict:
         comparison = self.comparison
@@ -107,6 +103,14 @@ class Diagnosis:
             "neutralized": self.neutralized.to_json() if self.neutralized else None,
             "line": self.line(),
         }
+
+
+def rule_note(rule: str, *, applied: bool) -> str:
+    """`billing header; stripped` for a break a rule removed; `billing header;
+    strip_billing_header off` for one that reached the backend (the rule's
+    subject got through, so its option must have been off)."""
+    label, done, option = RULE_LABEL[rule]
+    return f"{label}; {done}" if applied else f"{label}; {option} off"
 
 
 def untouched_segments(client: PromptSnapshot, changes: list[Change]) -> dict[str, Segment]:
@@ -192,7 +196,7 @@ class PrefixDiagnosis:
         self.lanes: dict[str, LaneState] = {}
 
     def observe(
-        self, client: PromptSnapshot, forwarded_body: dict, rules: Rules, lane: str | None = None, changes: list[Change] | None = None
+        self, client: PromptSnapshot, forwarded_body: dict, lane: str | None = None, changes: list[Change] | None = None
     ) -> Diagnosis:
         """`client`: the body as sent; `forwarded_body`: as it left the proxy.
         `lane` overrides the computed lane (e.g. the one a capture recorded).
@@ -204,7 +208,7 @@ class PrefixDiagnosis:
         state = self.lanes.get(lane)
         if state is None:
             state = self.lanes[lane] = LaneState(client.order, forwarded, requests=1)
-            return Diagnosis(lane, 1, None, forwarded.total_bytes, rules=rules)
+            return Diagnosis(lane, 1, None, forwarded.total_bytes)
         comparison = compare(state.forwarded, forwarded)
         explained_by = None
         if not comparison.prefix_kept:
@@ -213,7 +217,9 @@ class PrefixDiagnosis:
         raw_comparison = compare(state.raw, client.order)
         if not raw_comparison.prefix_kept:
             rule = explain(state.raw, client.order, raw_comparison.first_divergence, client.api)
-            if rule and rules.enabled(rule) and rule != explained_by:
+            # A rule that explains the client's break but not the forwarded
+            # one removed it (when its option is off, both breaks are its).
+            if rule and rule != explained_by:
                 neutralized = Neutralized(rule, raw_comparison.first_divergence)
         state.raw, state.forwarded = client.order, forwarded
         state.requests += 1
@@ -225,7 +231,7 @@ class PrefixDiagnosis:
             state.breaks[explained_by or "unexplained"] += 1
         if neutralized:
             state.neutralized[neutralized.rule] += 1
-        return Diagnosis(lane, state.requests, comparison, forwarded.total_bytes, explained_by, neutralized, rules)
+        return Diagnosis(lane, state.requests, comparison, forwarded.total_bytes, explained_by, neutralized)
 
     def totals(self) -> dict[str, dict]:
         return {

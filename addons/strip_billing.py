@@ -105,7 +105,7 @@ class StripBilling:
             return
         notes = {"api": result.api, "client_body": result.client_body, "changes": [str(change) for change in result.changes]}
         if result.snapshot is not None:
-            diagnosis = self.diagnosis.observe(result.snapshot, result.body, self.rules, changes=result.changes)
+            diagnosis = self.diagnosis.observe(result.snapshot, result.body, changes=result.changes)
             notes.update(lane=diagnosis.lane, diagnosis=diagnosis.to_json())
             logger.info(diagnosis.line())
             append_comment(flow, diagnosis.line())

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from addons.diagnosis import rule_note
 from addons.normalize import RULE_LABEL
 from captures import pairs
 from captures.inputs import InputError, RequestFile, files_in, load
@@ -29,9 +30,9 @@ def cached_tokens(usage: dict | None) -> int | None:
 def cause(pair: pairs.Pair) -> str:
     result = pair.diagnosis
     if result.prefix_broke:
-        return result.rule_note(result.explained_by) if result.explained_by else "unexplained"
+        return rule_note(result.explained_by, applied=False) if result.explained_by else "unexplained"
     if result.neutralized:
-        return "raw: " + result.rule_note(result.neutralized.rule)
+        return "raw: " + rule_note(result.neutralized.rule, applied=True)
     return "-"
 
 

@@ -21,7 +21,6 @@ from addons.prompt_order import canonical_value
 from captures.inputs import RequestFile
 
 DEFAULT_RULES = Rules()
-NO_RULES = Rules(strip_billing_header=False, rewrite_system_messages=False)
 VALUE_CHARS = 60
 _CHANGE_KINDS = {
     "values_changed": "changed",
@@ -125,7 +124,6 @@ def backend_body(request: RequestFile) -> dict:
 def diff(a: RequestFile, b: RequestFile, *, normalized: bool) -> tuple[Pair, list[str]]:
     """Compare two requests as sent by the client, or (`normalized`) as the
     default rules would forward them. Also returns warnings for the reader."""
-    rules = DEFAULT_RULES if normalized else NO_RULES
     bodies = [normalized_copy(r) if normalized else r.client_body for r in (a, b)]
     tracker = PrefixDiagnosis()
     lanes = [tracker.lane_names.name_for(PromptSnapshot.of(r.client_body, r.api).signature) for r in (a, b)]
@@ -135,7 +133,7 @@ def diff(a: RequestFile, b: RequestFile, *, normalized: bool) -> tuple[Pair, lis
     if lanes[0] != lanes[1]:
         warnings.append(f"different lanes ({lanes[0]} vs {lanes[1]}): these are different agents, a prefix break is expected")
     for request, body in zip((a, b), bodies, strict=True):
-        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api), body, rules, lane=lanes[1])
+        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api), body, lane=lanes[1])
     return Pair(a, b, result, changed_paths(bodies[0], bodies[1])), warnings
 
 
@@ -146,7 +144,7 @@ def report(requests: list[RequestFile]) -> tuple[list[Pair], PrefixDiagnosis]:
     pairs = []
     for request in requests:
         body = backend_body(request)
-        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api), body, DEFAULT_RULES, lane=request.lane)
+        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api), body, lane=request.lane)
         if result.lane in previous_by_lane:
             previous, previous_body = previous_by_lane[result.lane]
             pairs.append(Pair(previous, request, result, changed_paths(previous_body, body)))

@@ -19,7 +19,7 @@ class Session:
         body = copy.deepcopy(body)
         snapshot = PromptSnapshot.of(body, api)
         normalize.normalize(body, api, self.rules)
-        return self.diagnosis.observe(snapshot, body, self.rules)
+        return self.diagnosis.observe(snapshot, body)
 
 
 def test_first_request_of_a_lane_has_nothing_to_compare():
