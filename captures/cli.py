@@ -105,8 +105,13 @@ def run_report(args) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    rules = ", ".join(f"{label} ({name})" for name, (label, _, _) in RULE_LABEL.items())
-    top = argparse.ArgumentParser(prog="python -m captures", description=__doc__.split("\n")[0] + f" Rules known: {rules}.")
+    rules = ", ".join(f"{name} ({label})" for name, (label, _, _) in RULE_LABEL.items())
+    top = argparse.ArgumentParser(
+        prog="python -m captures",
+        description="What changed between Claude Code requests, and where their prompt prefix broke. "
+        "Inputs are capture records (addons/capture.py) or raw request bodies. "
+        f"Breaks are attributed to these rules: {rules}. Exit status 2 on bad input.",
+    )
     commands = top.add_subparsers(dest="command", required=True)
     diff = commands.add_parser("diff", help="compare two requests (capture records or raw request bodies)")
     diff.add_argument("a", help="the earlier request")
