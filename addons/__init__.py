@@ -1,0 +1,16 @@
+"""mitmproxy addons between Claude Code and a self-hosted model server.
+
+Scripts (load with `mitmdump -s addons/<name>.py`):
+  strip_billing.py    keeps the prompt prefix stable and diagnoses it per lane
+  capture.py          records every API request for `python -m captures`
+  toolcall_stream.py  turns tool calls written as text into real tool calls
+  json_mode_guard.py  keeps strict json_schema requests from stalling the server
+
+What they share (plain modules, imported as `addons.<name>`):
+  normalize.py     what is volatile in a request, and the rules that fix it
+  prompt_order.py  the bytes of a request in the order the model reads them
+  lanes.py         which requests belong together (main, sub-agents, side)
+  diagnosis.py     per-lane comparison: stable prefix, first divergence, cause
+  request_body.py  which flows are ours; reading and writing their JSON bodies
+  sse_events.py    server-sent events cut out of a chunked stream
+"""
