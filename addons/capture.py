@@ -8,7 +8,8 @@ headers with credentials redacted, the body as the client sent it and as it was
 forwarded, the changes and prefix diagnosis (from strip_billing.py when it is
 loaded, else computed here with no rules applied), and a response summary:
 status, usage (incl. `cache_read_input_tokens` / `prompt_tokens_details.cached_tokens`),
-time to headers, to the first body byte, and total. Streamed answers are
+time to headers, to the first body byte, to the first generated output (streamed
+answers), and total. Streamed answers are
 observed as they pass, never buffered. Works alone or with strip_billing in
 either order: the record is written when the response (or error) is complete.
 """
@@ -72,22 +73,41 @@ def merge_usage(usage: dict, payload: Any) -> None:
         usage.update({key: value for key, value in found.items() if value is not None})
 
 
+def carries_output(payload: Any) -> bool:
+    """Whether an event holds generated output (not just the message opening):
+    the first one marks the time to first token."""
+    if not isinstance(payload, dict):
+        return False
+    if payload.get("type") == "content_block_delta":
+        return True
+    choices = payload.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and isinstance(choice.get("delta"), dict) and any(choice["delta"].get(key) for key in ("content", "tool_calls", "reasoning_content"))
+        for choice in choices
+    )
+
+
 class UsageObserver:
     """A `flow.response.stream` callable that passes every chunk on unchanged
     (through `previous`, when another addon already transforms the stream)
-    and picks the usage out of the events as they go by."""
+    and picks the usage and the first output's time out of the events as they
+    go by."""
 
     def __init__(self, previous: Callable | bool | None) -> None:
         self.previous = previous if callable(previous) else None
         self.parser = SSEParser()
         self.usage: dict = {}
         self.first_chunk_at: float | None = None
+        self.first_output_at: float | None = None
 
     def __call__(self, chunk: bytes):
         if chunk and self.first_chunk_at is None:
             self.first_chunk_at = time.time()
         for event in self.parser.feed(chunk):
-            merge_usage(self.usage, event.json())
+            payload = event.json()
+            merge_usage(self.usage, payload)
+            if self.first_output_at is None and carries_output(payload):
+                self.first_output_at = time.time()
         return self.previous(chunk) if self.previous else chunk
 
 
@@ -99,9 +119,10 @@ def response_summary(flow: http.HTTPFlow, observer: UsageObserver | None) -> dic
     if response is None:
         return summary
     usage: dict = {}
+    first_output = None  # unknown for an answer that came in one piece
     if observer is not None:
         usage = observer.usage
-        first_body_byte = observer.first_chunk_at
+        first_body_byte, first_output = observer.first_chunk_at, observer.first_output_at
     else:
         if response.content and "json" in response.headers.get("content-type", ""):
             merge_usage(usage, json_or_text(response.content)[1])
@@ -112,6 +133,7 @@ def response_summary(flow: http.HTTPFlow, observer: UsageObserver | None) -> dic
         usage=usage or None,
         time_to_headers_s=_seconds(request.timestamp_end, response.timestamp_start),
         ttfb_s=_seconds(request.timestamp_end, first_body_byte),
+        ttft_s=_seconds(request.timestamp_end, first_output),
         total_s=_seconds(request.timestamp_start, response.timestamp_end),
     )
     return summary

@@ -119,6 +119,20 @@ def test_streamed_usage_is_read_from_the_events_as_they_pass(capture, tmp_path):
     [record] = records(tmp_path)
     assert record["response"]["streamed"] is True
     assert record["response"]["usage"] == {"input_tokens": 12, "cache_read_input_tokens": 2000, "output_tokens": 7}
+    assert record["response"]["ttft_s"] is not None
+
+
+def test_time_to_first_token_is_taken_at_the_first_output_event_not_the_opening():
+    observer = UsageObserver(None)
+    observer(ANTHROPIC_SSE[0])  # message_start: no output yet
+    assert observer.first_chunk_at is not None and observer.first_output_at is None
+    observer(ANTHROPIC_SSE[1])
+    assert observer.first_output_at is not None
+    openai = UsageObserver(None)
+    openai(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
+    assert openai.first_output_at is None
+    openai(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n')
+    assert openai.first_output_at is not None
 
 
 def test_openai_streamed_usage_with_cached_tokens(capture, tmp_path):
