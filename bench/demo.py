@@ -25,7 +25,7 @@ from bench.session import generate_session
 from bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started
 from tools.servers import REPO_ROOT
 
-DEMO_SCALE = 0.1
+DEMO_SCALE = 0.2
 HEADER = f"{'#':>3}  {'lane':<20} {'prompt':>7} {'reused':>7} {'prefilled':>9} {'TTFT':>8}  diagnosis (addon)"
 
 

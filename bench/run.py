@@ -32,7 +32,7 @@ from bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER, Configuration, conf
 from tools.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
-FULL_SCALE, QUICK_SCALE = 0.1, 0.04
+FULL_SCALE, QUICK_SCALE = 0.2, 0.04
 
 
 def as_received(body: dict, behind_addon: bool) -> dict:
