@@ -13,6 +13,7 @@ the prompt sizes the patched server reports.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +34,8 @@ class PromptRenderer:
     """Renders request bodies to prompt token ids as a server with this model and these flags does."""
 
     def __init__(self, model_dir: Path, served_model_name: str | None = None, tool_call_parser: str | None = None):
+        # Only the tokenizer is used; transformers' note that PyTorch is absent is noise here.
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
