@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     capture_session = time.strftime("demo-%Y%m%d-%H%M%S")
     try:
         with started(PRODUCT, args.model, args.logs, capture_session=capture_session) as endpoints:
-            print(f"Started: patched vllm-mlx on {endpoints.server_url}, mitmdump with our addons on {endpoints.client_url}")
+            print(f"Started: patched vllm-mlx on {endpoints.server_url}, mitmdump with our addons on {endpoints.client_url}", flush=True)
             warm_up(endpoints.server_url, SERVED_MODEL_NAME)
             print()
             print(HEADER)

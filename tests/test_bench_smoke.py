@@ -59,3 +59,38 @@ def test_the_product_rows_carry_the_addons_diagnosis(result):
     product_rows = [row for row in data["rows"] if row["configuration"] == "4-patched+addon"]
     assert all(row["diagnosis"] and row["diagnosis"].startswith("lane ") for row in product_rows)
     assert all(row["reuse_source"] == "usage" for row in product_rows)
+
+
+def test_demo_stops_both_servers_on_ctrl_c(tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.processes import REPO_ROOT, port_open
+
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "bench.demo", "--scale", "0.03", "--model", str(require_model()), "--logs", str(tmp_path)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output = ""
+        while "Started:" not in output:
+            line = demo.stdout.readline()
+            assert line, f"demo ended before starting its servers:\n{output}"
+            output += line
+        ports = [int(port) for port in re.findall(r"127\.0\.0\.1:(\d+)", output.split("Started:", 1)[1])]
+        assert len(ports) == 2 and all(port_open(port) for port in ports)
+        demo.send_signal(signal.SIGINT)
+        remaining, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, remaining
+    assert "interrupted: both servers stopped" in remaining
+    time.sleep(0.5)
+    assert not any(port_open(port) for port in ports)
