@@ -169,7 +169,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.out = args.out or REPO_ROOT / ("build/bench-quick" if args.quick else "bench/results")
     if args.overhead_samples is None:
         args.overhead_samples = 20 if args.quick else 60
-    args.configurations = [configuration(key.strip()) for key in args.configs.split(",")]
+    try:
+        args.configurations = [configuration(key.strip()) for key in args.configs.split(",")]
+    except ValueError as error:
+        parser.error(f"--configs {args.configs}: {error}")
     return args
 
 
