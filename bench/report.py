@@ -69,6 +69,7 @@ def markdown(result: dict[str, Any]) -> str:
                 continue
             cells.append(f"{_seconds(lane_summary['warm_ttft_median_s'])} ({_seconds(lane_summary['cold_ttft_median_s'])})")
         lines.append(f"| {config['key']} | " + " | ".join(cells) + " |")
+    lines += contributions(result) + notable_table(result)
     overhead = result.get("proxy_overhead")
     if overhead:
         lines += [
@@ -79,6 +80,49 @@ def markdown(result: dict[str, Any]) -> str:
             f"mitmdump with no addon p50 {_ms(overhead['mitmproxy_alone']['p50'])}.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def contributions(result: dict[str, Any]) -> list[str]:
+    """What each fix buys: configuration 1 -> 2 -> 4 and 3 -> 4."""
+    summaries = {config["key"].split("-", 1)[0]: config["summary"] for config in result["configurations"]}
+    steps = [
+        ("1", "2", "the addon alone, on vllm-mlx as shipped"),
+        ("2", "4", "the engine patch, behind the addon"),
+        ("3", "4", "the addon, in front of the patched engine"),
+    ]
+    lines = []
+    for before, after, what in steps:
+        if before not in summaries or after not in summaries:
+            continue
+        a, b = summaries[before], summaries[after]
+        main_a, main_b = a["lanes"].get("main", {}), b["lanes"].get("main", {})
+        lines.append(
+            f"- {before} -> {after}, {what}: reuse efficiency {_ratio(a['reuse_efficiency'])} -> {_ratio(b['reuse_efficiency'])}; "
+            f"tokens prefilled {a['tokens_prefilled'] or 0:,} -> {b['tokens_prefilled'] or 0:,}; "
+            f"warm main-lane TTFT {_seconds(main_a.get('warm_ttft_median_s'))} -> {_seconds(main_b.get('warm_ttft_median_s'))}; "
+            f"warm TTFT growth {_growth(a['warm_ttft_growth_ms_per_1k_tokens'])} -> {_growth(b['warm_ttft_growth_ms_per_1k_tokens'])} per 1K tokens."
+        )
+    return ["", "What each fix contributes:", "", *lines] if lines else []
+
+
+def notable_table(result: dict[str, Any]) -> list[str]:
+    notable = result["session"].get("notable_requests") or []
+    if not notable:
+        return []
+    keys = [config["key"] for config in result["configurations"]]
+    rows = {(row["configuration"], row["index"]): row for row in result["rows"]}
+    lines = ["", "Notable requests: TTFT (tokens reused / prompt tokens):", "", "| request | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for note in notable:
+        cells = []
+        for key in keys:
+            row = rows.get((key, note["index"]))
+            if row is None:
+                cells.append("-")
+                continue
+            reused = "?" if row["reused_tokens"] is None else f"{row['reused_tokens']:,}"
+            cells.append(f"{_seconds(row['ttft_s'])} ({reused} / {row['prompt_tokens']:,})")
+        lines.append(f"| #{note['index']} {note['what']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -139,6 +139,32 @@ def model_description(model_dir: Path) -> dict[str, Any]:
     }
 
 
+def notable_requests(requests: list[Request]) -> list[dict[str, Any]]:
+    """The requests where the causes of slow warm turns show, for the report's table."""
+    notable: list[dict[str, Any]] = []
+
+    def note(index: int | None, what: str) -> None:
+        if index is not None and all(n["index"] != index for n in notable):
+            notable.append({"index": index, "what": what})
+
+    main = [r for r in requests if r.lane == MAIN_LANE]
+    first_conversation = [r for r in main if r.conversation == 0]
+    note(main[0].index if main else None, "first request (cold)")
+    note(next((r.index for r in main[1:] if r.body["messages"][-1]["role"] == "system"), None), "main turn with a role:system message appended at the tail")
+    calls_seen: dict[str, str] = {}
+    for r in requests:
+        if r.lane.startswith("sub:"):
+            suffix = r.body["system"][0]["text"]
+            if r.lane in calls_seen and calls_seen[r.lane] != suffix:
+                note(r.index, f"{r.lane} called again (new billing suffix)")
+                break
+            calls_seen.setdefault(r.lane, suffix)
+    note(first_conversation[-1].index if first_conversation else None, "main turn with the longest history")
+    note(next((r.index for r in main if r.conversation == 1), None), "first turn after /clear (new git status)")
+    note(main[-1].index if main else None, "last main turn")
+    return sorted(notable, key=lambda n: n["index"])
+
+
 def session_description(requests: list[Request], views: PromptViews, seed: int, scale: float) -> dict[str, Any]:
     first_main = next(i for i, r in enumerate(requests) if r.lane == MAIN_LANE)
     return {
@@ -150,6 +176,7 @@ def session_description(requests: list[Request], views: PromptViews, seed: int, 
         "main_prefix_tokens": len(views.tokens[True][first_main]),
         "largest_prompt_tokens": max(len(ids) for ids in views.tokens[True]),
         "ideal_reusable_tokens": sum(views.ideal[True]),
+        "notable_requests": notable_requests(requests),
     }
 
 
