@@ -191,6 +191,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=8, help="max_tokens sent with every request")
     parser.add_argument("--overhead-samples", type=int, help="request pairs for the proxy overhead (0: skip)")
     parser.add_argument("--out", type=Path, help="output directory (default bench/results, or build/bench-quick with --quick)")
+    parser.add_argument("--logs", type=Path, default=REPO_ROOT / "build" / "bench-logs", help="server and proxy logs (default build/bench-logs)")
     args = parser.parse_args(argv)
     args.scale = args.scale or (QUICK_SCALE if args.quick else FULL_SCALE)
     args.out = args.out or REPO_ROOT / ("build/bench-quick" if args.quick else "bench/results")
@@ -211,7 +212,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     print(f"rendering {len(requests)} requests with {args.model}'s chat template for the ideal-reuse baseline ...", flush=True)
     renderer = PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER)
     views = PromptViews(requests, renderer)
-    log_dir = args.out / "logs"
+    log_dir = args.logs
     configurations = []
     rows: list[Row] = []
     for config in args.configurations:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    argv = ["--configs", "1,4", "--limit", "10", "--scale", "0.03", "--overhead-samples", "5", "--out", str(out), "--model", str(require_model())]
+    argv = ["--configs", "1,4", "--limit", "10", "--scale", "0.03", "--overhead-samples", "5", "--out", str(out), "--logs", str(out / "logs"), "--model", str(require_model())]
     assert run.main(argv) == 0
     return out, json.loads((out / "latest.json").read_text())
 
