@@ -84,10 +84,14 @@ class NormalizedRequest:
     client_body: bytes  # as the client sent it (content-encoding undone)
     body: dict  # as forwarded
     changes: list[normalize.Change]
-    snapshot: PromptSnapshot | None  # the client's prompt, for the diagnosis
+
+    def client_snapshot(self) -> PromptSnapshot:
+        """The client's prompt, for the diagnosis (parsed again from the bytes
+        it sent: the rules edited the parsed body in place)."""
+        return PromptSnapshot.of(json.loads(self.client_body), self.api)
 
 
-def normalize_request(request: http.Request, rules: normalize.Rules, *, diagnose: bool) -> NormalizedRequest | None:
+def normalize_request(request: http.Request, rules: normalize.Rules) -> NormalizedRequest | None:
     """Apply the rules to a request in place; None (request untouched) when it
     is not ours or its body cannot be read, which is logged when unexpected."""
     api = api_of(request)
@@ -99,9 +103,8 @@ def normalize_request(request: http.Request, rules: normalize.Rules, *, diagnose
             logger.warning(f"{request.method} {request.path}: {body.reason}; passed through unchanged")
         return None
     client_body = request.get_content()
-    snapshot = PromptSnapshot.of(body, api) if diagnose else None  # before the rules edit `body`
     changes = normalize.normalize(body, api, rules)
     if changes:
         write_json_body(request, body)
         logger.debug(f"{request.path}: " + "; ".join(map(str, changes)))
-    return NormalizedRequest(api, client_body, body, changes, snapshot)
+    return NormalizedRequest(api, client_body, body, changes)

@@ -7,7 +7,9 @@ For `POST /v1/messages` and `POST /v1/chat/completions` it applies the rules of
 `normalize.py` (billing header out, mid-conversation system messages rewritten,
 model name mapped, max_tokens capped), and puts a one-line prefix diagnosis per
 request into the log and into `flow.comment` (marking the flow when the prefix
-broke). Anthropic's own hosts, other paths, and bodies it cannot read go
+broke). The diagnosis is made once the request has left, when the upstream
+answers (or fails), so it costs the request no latency: the engine is busy
+prefilling by then. Anthropic's own hosts, other paths, and bodies it cannot read go
 through byte for byte. Server-sent events are streamed, not buffered.
 
 Conventions for the addons in this folder:
@@ -41,6 +43,8 @@ from addons.request_body import FLOW_NOTES, normalize_request  # noqa: E402
 logger = logging.getLogger(__name__)
 
 BROKEN_PREFIX_MARK = ":warning:"
+# flow.metadata key of a request whose diagnosis waits for the upstream's answer.
+PENDING_DIAGNOSIS = "stable_prefix_pending"
 
 
 def is_event_stream(response: http.Response) -> bool:
@@ -49,6 +53,10 @@ def is_event_stream(response: http.Response) -> bool:
 
 def append_comment(flow: http.HTTPFlow, line: str) -> None:
     flow.comment = f"{flow.comment}\n{line}" if flow.comment else line
+
+
+def prepend_comment(flow: http.HTTPFlow, line: str) -> None:
+    flow.comment = f"{line}\n{flow.comment}" if flow.comment else line
 
 
 def rules_from_options(options) -> normalize.Rules:
@@ -100,25 +108,35 @@ class StripBilling:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
             return
-        result = normalize_request(flow.request, self.rules, diagnose=ctx.options.prefix_diagnosis)
+        result = normalize_request(flow.request, self.rules)
         if result is None:
             return
         notes = {"api": result.api, "client_body": result.client_body, "changes": [str(change) for change in result.changes]}
-        if result.snapshot is not None:
-            diagnosis = self.diagnosis.observe(result.snapshot, result.body, changes=result.changes)
-            notes.update(lane=diagnosis.lane, diagnosis=diagnosis.to_json())
-            logger.info(diagnosis.line())
-            append_comment(flow, diagnosis.line())
-            if diagnosis.prefix_broke:
-                flow.marked = BROKEN_PREFIX_MARK
         if result.changes:
             append_comment(flow, "normalized: " + "; ".join(notes["changes"]))
         flow.metadata[FLOW_NOTES] = notes
+        if ctx.options.prefix_diagnosis:
+            flow.metadata[PENDING_DIAGNOSIS] = result
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
+        self.diagnose(flow)
         # Without this mitmproxy buffers the whole answer (and swallows SSE).
         if flow.response and is_event_stream(flow.response) and not flow.response.stream:
             flow.response.stream = True
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.diagnose(flow)
+
+    def diagnose(self, flow: http.HTTPFlow) -> None:
+        result = flow.metadata.pop(PENDING_DIAGNOSIS, None)
+        if result is None:
+            return
+        diagnosis = self.diagnosis.observe(result.client_snapshot(), result.body, changes=result.changes)
+        flow.metadata[FLOW_NOTES].update(lane=diagnosis.lane, diagnosis=diagnosis.to_json())
+        logger.info(diagnosis.line())
+        prepend_comment(flow, diagnosis.line())
+        if diagnosis.prefix_broke:
+            flow.marked = BROKEN_PREFIX_MARK
 
     def done(self) -> None:
         for line in self.diagnosis.summary_lines():

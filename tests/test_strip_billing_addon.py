@@ -29,6 +29,14 @@ def sent_body(flow):
     return json.loads(flow.request.content)
 
 
+def forward(addon, flow):
+    """The request leaves, then the upstream answers with event-stream headers."""
+    addon.request(flow)
+    flow.response = tutils.tresp(headers=http.Headers(((b"content-type", b"text/event-stream"),)))
+    addon.responseheaders(flow)
+    return flow
+
+
 @pytest.fixture
 def addon():
     addon = StripBilling()
@@ -218,8 +226,8 @@ def test_existing_stream_callable_is_kept():
 def test_diagnosis_goes_to_the_comment_and_the_log(addon, caplog):
     caplog.set_level(logging.INFO)
     first, second = api_flow(claude_code.main_request(turns=2, cch="aaaaa")), api_flow(claude_code.main_request(turns=3, cch="bbbbb"))
-    addon.request(first)
-    addon.request(second)
+    forward(addon, first)
+    forward(addon, second)
     assert first.comment.startswith("lane main · first request")
     assert second.comment.startswith("lane main · prefix stable ")
     assert "(billing header; stripped)" in second.comment
@@ -229,16 +237,16 @@ def test_diagnosis_goes_to_the_comment_and_the_log(addon, caplog):
 
 
 def test_a_broken_prefix_marks_the_flow(addon):
-    addon.request(api_flow(claude_code.main_request(turns=2)))
+    forward(addon, api_flow(claude_code.main_request(turns=2)))
     cleared = api_flow(claude_code.main_request(turns=1, git_status="M other.py"))
-    addon.request(cleared)
+    forward(addon, cleared)
     assert cleared.marked and "prefix broke at system[1].text" in cleared.comment
 
 
 def test_subagent_and_title_requests_get_their_own_lanes(addon):
     flows = [api_flow(body) for body in (claude_code.main_request(2), claude_code.subagent_request(), claude_code.title_request(), claude_code.main_request(3))]
     for flow in flows:
-        addon.request(flow)
+        forward(addon, flow)
     lanes = [flow.metadata["stable_prefix"]["lane"] for flow in flows]
     assert lanes[0] == lanes[3] == "main"
     assert lanes[1].startswith("sub:") and lanes[2] == "side:title"
@@ -247,8 +255,7 @@ def test_subagent_and_title_requests_get_their_own_lanes(addon):
 
 def test_flow_notes_keep_the_client_body_and_the_changes(addon):
     raw = json.dumps(claude_code.main_request()).encode()
-    flow = api_flow(raw)
-    addon.request(flow)
+    flow = forward(addon, api_flow(raw))
     notes = flow.metadata["stable_prefix"]
     assert notes["client_body"] == raw and notes["api"] == "anthropic"
     assert notes["changes"][0].startswith("billing_header system[0]")
@@ -257,8 +264,7 @@ def test_flow_notes_keep_the_client_body_and_the_changes(addon):
 
 def test_diagnosis_can_be_switched_off(addon):
     addon.tctx.configure(addon, prefix_diagnosis=False)
-    flow = api_flow(claude_code.main_request())
-    addon.request(flow)
+    flow = forward(addon, api_flow(claude_code.main_request()))
     assert flow.comment.startswith("normalized: billing_header system[0]")
     assert "lane" not in flow.comment and "lane" not in flow.metadata["stable_prefix"]
 
@@ -266,9 +272,27 @@ def test_diagnosis_can_be_switched_off(addon):
 def test_session_totals_are_logged_at_shutdown(addon, caplog):
     caplog.set_level(logging.INFO)
     for turns in (1, 2, 3):
-        addon.request(api_flow(claude_code.main_request(turns=turns, cch=f"c{turns}")))
+        forward(addon, api_flow(claude_code.main_request(turns=turns, cch=f"c{turns}")))
     addon.done()
     assert "lane main · 3 requests · prefix kept 2/2" in caplog.text
+
+
+def test_the_diagnosis_waits_until_the_request_has_left(addon):
+    flow = api_flow(claude_code.main_request())
+    addon.request(flow)
+    assert "lane" not in flow.comment and "lane" not in flow.metadata["stable_prefix"]
+    addon.responseheaders(tflow.tflow(resp=True))  # another flow's answer changes nothing here
+    flow.response = tutils.tresp()
+    addon.responseheaders(flow)
+    assert flow.comment.startswith("lane main · first request")
+
+
+def test_a_request_the_upstream_never_answered_is_diagnosed_too(addon):
+    flow = api_flow(claude_code.main_request())
+    addon.request(flow)
+    flow.error = tflow.terr()
+    addon.error(flow)
+    assert flow.metadata["stable_prefix"]["lane"] == "main"
 
 
 def test_the_script_file_loads_as_mitmdump_loads_it():
