@@ -212,6 +212,41 @@ def test_model_loads_in_mlx_lm_and_greedy_generation_is_deterministic(model_dir)
     assert first and first == second
 
 
+def test_replies_end_with_im_end_greedy_and_sampled(model_dir):
+    """Random weights alone would run every request to max_tokens."""
+    import mlx.core as mx
+    from mlx_lm import load, stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = load(str(model_dir))
+    mx.random.seed(0)
+    for question in ["hi", "Fix the bug in main.py.", "안녕하세요"]:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        for temperature in (0.0, 1.0):
+            responses = list(stream_generate(model, tokenizer, prompt, max_tokens=300, sampler=make_sampler(temperature)))
+            assert responses[-1].finish_reason == "stop" and responses[-1].token == IM_END, (question, temperature)
+            assert len(responses) > 1, "an empty reply: the prompt's last token must not be a last word"
+
+
+def test_the_whole_prompt_shapes_the_next_token(model_dir):
+    """A cache that loses or misplaces early context must show in the output."""
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer = load(str(model_dir))
+    prompt = tokenizer.encode(MIXED_TEXT * 3, add_special_tokens=False)
+    edited = [prompt[0] + 1, *prompt[1:]]
+
+    def next_token_logits(tokens: list[int]) -> mx.array:
+        cache = make_prompt_cache(model)
+        model(mx.array([tokens[:-1]]), cache=cache)  # only the cache is evaluated, not these logits
+        return model(mx.array([tokens[-1:]]), cache=cache)[0, -1].astype(mx.float32)
+
+    assert mx.abs(next_token_logits(prompt) - next_token_logits(edited)).max().item() > 1e-2
+
+
 def sha256_of_files(directory: Path) -> dict[str, str]:
     return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(directory.iterdir())}
 
@@ -226,14 +261,33 @@ def build(out: Path, *arguments: str) -> str:
     return finished.stdout
 
 
-def test_build_is_byte_reproducible_for_a_seed_and_reports_what_it_built(tmp_path):
-    report = build(tmp_path / "a", "--seed", "7")
-    build(tmp_path / "b", "--seed", "7")
-    build(tmp_path / "c", "--seed", "8")
-    a, b, c = (sha256_of_files(tmp_path / name) for name in "abc")
+@pytest.fixture(scope="module")
+def small_builds(tmp_path_factory) -> dict[str, Path]:
+    """Three small builds: two with one seed, and one with another seed that never ends replies."""
+    root = tmp_path_factory.mktemp("builds")
+    reports = {
+        "seed 7": build(root / "a", "--seed", "7"),
+        "seed 7 again": build(root / "b", "--seed", "7"),
+        "seed 8, endless": build(root / "c", "--seed", "8", "--reply-tokens", "0"),
+    }
+    return {"a": root / "a", "b": root / "b", "c": root / "c", "reports": reports}
+
+
+def test_build_is_byte_reproducible_for_a_seed_and_reports_what_it_built(small_builds):
+    a, b, c = (sha256_of_files(small_builds[name]) for name in "abc")
     assert a == b
     assert a["model.safetensors"] != c["model.safetensors"] and a["tokenizer.json"] == c["tokenizer.json"]
+    report = small_builds["reports"]["seed 7"]
     assert "hidden 32, 2 layers" in report and "parameters" in report and "MiB" in report
+
+
+def test_reply_tokens_zero_builds_a_model_whose_replies_run_to_max_tokens(small_builds):
+    from mlx_lm import load, stream_generate
+
+    model, tokenizer = load(str(small_builds["c"]))
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    responses = list(stream_generate(model, tokenizer, prompt, max_tokens=100))
+    assert len(responses) == 100 and responses[-1].finish_reason == "length"
 
 
 def test_build_rejects_heads_that_do_not_divide_the_hidden_size(tmp_path):

