@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import random
-import urllib.request
 
 import numpy as np
 
 from bench.prompt_tokens import PromptRenderer
-from bench.replay import MESSAGES_PATH, post_streamed
+from bench.replay import CHAT_COMPLETIONS_PATH, MESSAGES_PATH, clear_cache, post_streamed
 from bench.session import TextSource
 
 SIZES = (32, 256, 1024, 4096)
@@ -27,14 +26,20 @@ def reference_body(tokens: int, model: str, seed: int) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 2, "stream": True}
 
 
-def measure(server_url: str, renderer: PromptRenderer, model: str, sizes: tuple[int, ...] = SIZES) -> list[tuple[int, float]]:
-    """[(prompt tokens, TTFT in s)] for cold prompts of about `sizes` tokens."""
+def measure(
+    server_url: str, renderer: PromptRenderer, model: str, sizes: tuple[int, ...] = SIZES, protocol: str = "anthropic"
+) -> list[tuple[int, float]]:
+    """[(prompt tokens, TTFT in s)] for cold prompts of about `sizes` tokens (text no
+    other prompt shares, so a server without `DELETE /v1/cache` has nothing to reuse either)."""
     points = []
     for seed, size in enumerate(sizes):
         body = reference_body(size, model, seed)
-        with urllib.request.urlopen(urllib.request.Request(f"{server_url}/v1/cache", method="DELETE"), timeout=30):
-            pass
-        reply = post_streamed(server_url, MESSAGES_PATH, json.dumps(body).encode())
+        clear_cache(server_url)
+        if protocol == "openai":
+            path, sent = CHAT_COMPLETIONS_PATH, {key: value for key, value in body.items() if key != "model"}
+        else:
+            path, sent = MESSAGES_PATH, body
+        reply = post_streamed(server_url, path, json.dumps(sent).encode())
         if reply.status != 200:
             raise RuntimeError(f"prefill reference: {size}-token prompt to {server_url} failed: {reply.error}")
         points.append((len(renderer.token_ids(body)), reply.ttft_s))

@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.openai_form import openai_body
 from bench.session import Request
 
 MESSAGES_PATH = "/v1/messages?beta=true"  # what Claude Code requests
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"  # the OpenAI path (mlx_lm.server)
 CLIENT_HEADERS = {
     "content-type": "application/json",
     "anthropic-version": "2023-06-01",
@@ -101,13 +103,12 @@ def post_streamed(base_url: str, path: str, body: bytes, timeout: float = 1800.0
             return Reply(response.status, None, time.perf_counter() - started, error=f"HTTP {response.status}: {detail}")
         error = None
         while line := response.readline():
-            if not line.startswith(b"data:"):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
                 continue
             event = json.loads(line[5:])
-            kind = event.get("type")
-            if kind == "content_block_delta" and ttft is None:
+            if ttft is None and _first_output(event):
                 ttft = time.perf_counter() - started
-            elif kind == "error":
+            if event.get("type") == "error" or "error" in event:
                 error = json.dumps(event.get("error"))[:500]
             event_usage = event.get("usage") or (event.get("message") or {}).get("usage")
             if isinstance(event_usage, dict):
@@ -118,6 +119,13 @@ def post_streamed(base_url: str, path: str, body: bytes, timeout: float = 1800.0
         return Reply(200, ttft if ttft is not None else total, total, usage, error)
     finally:
         connection.close()
+
+
+def _first_output(event: dict) -> bool:
+    """An Anthropic content delta, or an OpenAI chunk that carries generated text or a tool call."""
+    if event.get("type") == "content_block_delta":
+        return True
+    return any((choice.get("delta") or {}).get("content") or (choice.get("delta") or {}).get("tool_calls") for choice in event.get("choices") or [])
 
 
 def cache_stats(base_url: str) -> dict[str, Any] | None:
@@ -131,11 +139,14 @@ def cache_stats(base_url: str) -> dict[str, Any] | None:
 
 
 def reuse_from_usage(usage: dict[str, Any]) -> tuple[int, int] | None:
-    """(prompt tokens, reused tokens) from Anthropic usage, when the server reported reuse."""
+    """(prompt tokens, reused tokens) from Anthropic or OpenAI usage, when the server reported reuse."""
     reused = usage.get("cache_read_input_tokens")
-    if not isinstance(reused, int):
-        return None
-    return usage.get("input_tokens", 0) + reused, reused
+    if isinstance(reused, int):
+        return usage.get("input_tokens", 0) + reused, reused
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if isinstance(cached, int) and isinstance(usage.get("prompt_tokens"), int):
+        return usage["prompt_tokens"], cached
+    return None
 
 
 def reuse_from_stats(before: dict | None, after: dict | None) -> tuple[int, int] | None:
@@ -173,8 +184,10 @@ def reuse_figures(
     return None, None
 
 
-def for_client(request: Request, *, max_tokens: int, model: str | None) -> bytes:
+def for_client(request: Request, *, max_tokens: int, model: str | None, protocol: str = "anthropic") -> bytes:
     """The request bytes as this replay sends them (see module docstring)."""
+    if protocol == "openai":
+        return json.dumps(openai_body(request.body, max_tokens=max_tokens), ensure_ascii=False).encode()
     body = dict(request.body, max_tokens=max_tokens)
     if model is not None:
         body["model"] = model
@@ -190,20 +203,23 @@ def replay(
     proxy_log: Path | None = None,
     max_tokens: int = 8,
     model: str | None = None,
+    protocol: str = "anthropic",
     on_result: Callable[[Measured], None] | None = None,
 ) -> list[Measured]:
     """Replay `requests` against `base_url` (a server, or the proxy in front of it).
 
     `server_url` and `server_log` are the engine's own address and log, for the
     stats and log fallbacks; `proxy_log` is mitmdump's output, whose diagnosis
-    line for each request is kept.
+    line for each request is kept. `protocol="openai"` sends each request in
+    chat-completions form (`bench.openai_form`) to `/v1/chat/completions`.
     """
+    path = CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH
     server_url = server_url or base_url
     server_lines, proxy_lines = LogFollower(server_log), LogFollower(proxy_log)
     results = []
     for request in requests:
         before = cache_stats(server_url)
-        reply = post_streamed(base_url, MESSAGES_PATH, for_client(request, max_tokens=max_tokens, model=model))
+        reply = post_streamed(base_url, path, for_client(request, max_tokens=max_tokens, model=model, protocol=protocol))
         after = cache_stats(server_url)
         figures, source = reuse_figures(reply, before, after, server_lines.new_lines())
         measured = Measured(
@@ -228,13 +244,22 @@ def _diagnosis_line(lines: list[str]) -> str | None:
     return None
 
 
-def warm_up(server_url: str, model: str) -> None:
+def warm_up(server_url: str, model: str, protocol: str = "anthropic") -> None:
     """One small request, then an emptied cache: the first request after start-up pays
     one-off costs (kernel set-up, allocations) that are not what a cold turn costs."""
     body = {"model": model, "messages": [{"role": "user", "content": "warm-up"}], "max_tokens": 2, "stream": True}
-    reply = post_streamed(server_url, MESSAGES_PATH, json.dumps(body).encode())
+    if protocol == "openai":
+        del body["model"]  # mlx_lm.server serves its --model as the default
+    reply = post_streamed(server_url, CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH, json.dumps(body).encode())
     if reply.status != 200:
         raise RuntimeError(f"warm-up request to {server_url} failed: {reply.error}")
-    request = urllib.request.Request(f"{server_url}/v1/cache", method="DELETE")
-    with urllib.request.urlopen(request, timeout=30):
-        pass
+    clear_cache(server_url)
+
+
+def clear_cache(server_url: str) -> bool:
+    """`DELETE /v1/cache` (vllm-mlx); False where the server has no such endpoint (mlx_lm.server)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{server_url}/v1/cache", method="DELETE"), timeout=30):
+            return True
+    except urllib.error.HTTPError:
+        return False

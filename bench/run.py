@@ -61,7 +61,8 @@ def rows_for(
     rows = []
     for result in measured:
         index = result.request.index
-        rendered = len(views.tokens[config.addon][index])
+        # Rendered as vllm-mlx renders; another server (the mlx-lm anchor) reports its own count.
+        rendered = len(views.tokens[config.addon][index]) if config.protocol == "anthropic" else None
         prompt = result.prompt_tokens if result.prompt_tokens is not None else rendered
         reused = result.reused_tokens
         rows.append({
@@ -104,7 +105,7 @@ def run_configuration(
     """The replay's measurements, and the server's cold-prefill reference measured after it."""
     print(f"{config.key}: {config.title}", flush=True)
     with started(config, model_dir, log_dir) as endpoints:
-        warm_up(endpoints.server_url, SERVED_MODEL_NAME)
+        warm_up(endpoints.server_url, SERVED_MODEL_NAME, config.protocol)
         measured = replay(
             requests,
             endpoints.client_url,
@@ -114,9 +115,10 @@ def run_configuration(
             max_tokens=max_tokens,
             # A direct client must name the served model; behind the addon, the addon maps it.
             model=None if config.addon else SERVED_MODEL_NAME,
+            protocol=config.protocol,
             on_result=lambda result: print(progress_line(config, result), flush=True),
         )
-        reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME)
+        reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME, protocol=config.protocol)
         print(f"  cold prefill reference (tokens, TTFT s): {[(tokens, round(ttft, 2)) for tokens, ttft in reference]}", flush=True)
         return measured, reference
 
@@ -185,7 +187,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help=f"reduced session (scale {QUICK_SCALE}) for CI-sized checks")
     parser.add_argument("--scale", type=float, help=f"session scale; default {FULL_SCALE} ({QUICK_SCALE} with --quick); 1.0 = full size")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--configs", default="1,2,3,4", help="comma-separated configuration numbers or keys")
+    parser.add_argument("--configs", help="comma-separated configuration numbers or keys (default 1,2,3,4,5; 1,2,3,4 with --quick)")
     parser.add_argument("--limit", type=int, help="replay only the first N requests")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--max-tokens", type=int, default=8, help="max_tokens sent with every request")
@@ -197,6 +199,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.out = args.out or REPO_ROOT / ("build/bench-quick" if args.quick else "bench/results")
     if args.overhead_samples is None:
         args.overhead_samples = 20 if args.quick else 60
+    args.configs = args.configs or ("1,2,3,4" if args.quick else "1,2,3,4,5")
     try:
         args.configurations = [configuration(key.strip()) for key in args.configs.split(",")]
     except ValueError as error:

@@ -28,9 +28,10 @@ UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # log lines must reach the log file as t
 @dataclass(frozen=True)
 class Configuration:
     key: str
-    engine: str  # "shipped" (vllm-mlx 0.6.0 as released) or "patched" (engine_patch)
+    engine: str  # "shipped" (vllm-mlx 0.6.0 as released), "patched" (engine_patch) or "mlx-lm" (mlx_lm.server)
     addon: bool  # client -> mitmdump with our addon -> engine, or client -> engine
     title: str
+    protocol: str = "anthropic"  # "openai": the requests go to /v1/chat/completions (bench.openai_form)
 
 
 CONFIGURATIONS = (
@@ -38,8 +39,10 @@ CONFIGURATIONS = (
     Configuration("2-shipped+addon", "shipped", True, "vllm-mlx 0.6.0 as shipped, behind the addon"),
     Configuration("3-patched", "patched", False, "patched engine, direct"),
     Configuration("4-patched+addon", "patched", True, "patched engine behind the addon (the product)"),
+    # An outside anchor: mlx-lm's own server and its LRU prompt cache, OpenAI path only.
+    Configuration("5-mlx-lm", "mlx-lm", False, "mlx_lm.server 0.31.3 (OpenAI path, LRU prompt cache), outside anchor", "openai"),
 )
-PRODUCT = CONFIGURATIONS[-1]
+PRODUCT = CONFIGURATIONS[3]
 
 
 def configuration(key: str) -> Configuration:
@@ -50,6 +53,8 @@ def configuration(key: str) -> Configuration:
 
 
 def engine_command(engine: str, model_dir: Path, port: int) -> list[str]:
+    if engine == "mlx-lm":
+        return [str(VENV_BIN / "python"), "-m", "mlx_lm.server", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     serve = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
     if engine == "shipped":
         return [str(VENV_BIN / "vllm-mlx"), *serve]
