@@ -55,7 +55,8 @@ serve: setup $(if $(filter $(TINY_MODEL),$(MODEL)),tiny-model)
 demo: setup tiny-model
 	$(PY) -m bench.demo $(if $(FULL),--full)
 
-# The side-by-side benchmark of the four configurations -> bench/results/latest.*
+# The side-by-side benchmark of the four configurations (+ mlx_lm.server as an
+# outside anchor) -> bench/results/latest.*
 # QUICK=1: a reduced session in under ~5 minutes -> build/bench-quick/latest.*
 bench: setup tiny-model
 	$(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS)
