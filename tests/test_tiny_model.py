@@ -91,6 +91,14 @@ def qwen_tiktoken():
     return tiktoken.Encoding("qwen", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens=specials)
 
 
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    """(model, tokenizer) as mlx-lm loads them."""
+    from mlx_lm import load
+
+    return load(str(model_dir))
+
+
 def render(tokenizer, messages, **kwargs) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
 
@@ -201,10 +209,10 @@ def test_config_is_a_tied_qwen2_with_qwens_vocabulary_in_half_precision(model_di
     assert config["torch_dtype"] in ("float16", "bfloat16")
 
 
-def test_model_loads_in_mlx_lm_and_greedy_generation_is_deterministic(model_dir):
-    from mlx_lm import generate, load
+def test_model_loads_in_mlx_lm_and_greedy_generation_is_deterministic(loaded):
+    from mlx_lm import generate
 
-    model, tokenizer = load(str(model_dir))
+    model, tokenizer = loaded
     assert model.args.vocab_size == 151_936 and tokenizer.eos_token_ids >= {IM_END}
     prompt = tokenizer.apply_chat_template(CONVERSATION, tools=[READ_FILE_TOOL], add_generation_prompt=True)
     first = generate(model, tokenizer, prompt, max_tokens=12)
@@ -212,13 +220,13 @@ def test_model_loads_in_mlx_lm_and_greedy_generation_is_deterministic(model_dir)
     assert first and first == second
 
 
-def test_replies_end_with_im_end_greedy_and_sampled(model_dir):
+def test_replies_end_with_im_end_greedy_and_sampled(loaded):
     """Random weights alone would run every request to max_tokens."""
     import mlx.core as mx
-    from mlx_lm import load, stream_generate
+    from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
-    model, tokenizer = load(str(model_dir))
+    model, tokenizer = loaded
     mx.random.seed(0)
     for question in ["hi", "Fix the bug in main.py.", "안녕하세요"]:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
@@ -228,14 +236,12 @@ def test_replies_end_with_im_end_greedy_and_sampled(model_dir):
             assert len(responses) > 1, "an empty reply: the prompt's last token must not be a last word"
 
 
-def test_the_whole_prompt_shapes_the_next_token(model_dir):
+def test_the_whole_prompt_shapes_the_next_token(loaded):
     """A cache that loses or misplaces early context must show in the output."""
     import mlx.core as mx
-    from mlx_lm import load
-
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, tokenizer = load(str(model_dir))
+    model, tokenizer = loaded
     prompt = tokenizer.encode(MIXED_TEXT * 3, add_special_tokens=False)
     edited = [prompt[0] + 1, *prompt[1:]]
 
@@ -245,6 +251,28 @@ def test_the_whole_prompt_shapes_the_next_token(model_dir):
         return model(mx.array([tokens[-1:]]), cache=cache)[0, -1].astype(mx.float32)
 
     assert mx.abs(next_token_logits(prompt) - next_token_logits(edited)).max().item() > 1e-2
+
+
+def test_prefilling_in_chunks_gives_bit_identical_logits(loaded):
+    """What lets cache tests demand token-for-token equal output: on this
+    backend, a prompt prefilled in two pieces (a cache hit plus its suffix)
+    yields exactly the logits of one whole prefill."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer = loaded
+    prompt = tokenizer.encode(MIXED_TEXT * 3, add_special_tokens=False)
+
+    def next_token_logits(pieces: list[list[int]]) -> mx.array:
+        cache = make_prompt_cache(model)
+        for piece in pieces:
+            model(mx.array([piece]), cache=cache)  # only the cache is evaluated, not these logits
+        return model(mx.array([prompt[-1:]]), cache=cache)[0, -1]
+
+    body = prompt[:-1]
+    whole = next_token_logits([body])
+    for split in (1, len(body) // 3, len(body) - 1):
+        assert mx.array_equal(whole, next_token_logits([body[:split], body[split:]])), split
 
 
 def sha256_of_files(directory: Path) -> dict[str, str]:
