@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -152,7 +152,7 @@ CHAT_TEMPLATE = r"""
 """.strip()
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Shape:
     hidden_size: int
     layers: int
@@ -417,7 +417,7 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int]:
     parser.add_argument("--kv-heads", type=int, help="override the preset's key/value heads")
     parser.add_argument("--intermediate-size", type=int, help="override the preset's MLP size")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
-    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16", help="weight dtype (default float16)")
     parser.add_argument(
         "--reply-tokens",
         type=int,
@@ -425,14 +425,15 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int]:
         help=f"mean reply length before <|im_end|> (default {DEFAULT_MEAN_REPLY_TOKENS}; 0: replies run to max_tokens)",
     )
     arguments = parser.parse_args(argv)
-    preset = PRESETS[arguments.preset]
-    shape = Shape(
-        hidden_size=arguments.hidden_size or preset.hidden_size,
-        layers=arguments.layers or preset.layers,
-        heads=arguments.heads or preset.heads,
-        kv_heads=arguments.kv_heads or preset.kv_heads,
-        intermediate_size=arguments.intermediate_size or preset.intermediate_size,
-    )
+    overrides = {
+        field: getattr(arguments, field)
+        for field in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size")
+        if getattr(arguments, field) is not None
+    }
+    for field, value in overrides.items():
+        if value < 1:
+            parser.error(f"--{field.replace('_', '-')} {value}: must be at least 1")
+    shape = dataclasses.replace(PRESETS[arguments.preset], **overrides)
     if arguments.reply_tokens < 0 or arguments.reply_tokens == 1:
         parser.error(f"--reply-tokens {arguments.reply_tokens}: must be 0 (never end) or at least 2")
     return arguments.out, shape, arguments.seed, arguments.dtype, arguments.reply_tokens
