@@ -11,6 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+OVERHEAD_VARIANTS = {
+    "mitmproxy_alone": "mitmdump with no script (mitmproxy's own cost)",
+    "addon": "strip_billing.py (the product)",
+    "addon_without_diagnosis": "strip_billing.py, `--set prefix_diagnosis=false`",
+    "addon_with_capture": "strip_billing.py + capture.py",
+}
 LANE_MARKERS = {"main": "o", "title": "*", "sub:explore": "^", "sub:general-purpose": "s"}
 
 
@@ -42,8 +48,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"model: {model['description']}; machine: {result['machine']}.",
         f"Command: `{result['command']}`",
         "",
-        "| configuration | cold TTFT (median) | warm TTFT (median) | reuse efficiency | warm TTFT growth per 1K prompt tokens | warm TTFT / cold prefill of its new tokens (median) | tokens prefilled | proxy overhead p50 / p95 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| configuration | cold TTFT (median) | warm TTFT (median) | reuse efficiency | warm TTFT growth per 1K prompt tokens | warm TTFT / prefill of its new tokens on top of its reused prefix (median) | warm TTFT / cold prefill of as many tokens from nothing (median) | tokens prefilled | proxy added TTFT p50 / p95 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for config in result["configurations"]:
         summary = config["summary"]
@@ -55,9 +61,17 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {config['key']}: {config['title']} | {_seconds(summary['cold_ttft_median_s'])} | "
             f"{_seconds(summary['warm_ttft_median_s'])} | {_ratio(summary['reuse_efficiency'])} | "
             f"{_growth(summary['warm_ttft_growth_ms_per_1k_tokens'])} | "
-            f"{_times(summary.get('warm_ttft_over_new_token_prefill_median'))} | "
+            f"{_times(summary.get('warm_ttft_over_incontext_prefill_median'))} | "
+            f"{_times(summary.get('warm_ttft_over_cold_prefill_of_new_tokens_median'))} | "
             f"{'n/a' if prefilled is None else f'{prefilled:,}'} of {summary['prompt_tokens']:,} | {overhead} |"
         )
+    beyond = [
+        f"{config['key'].split('-', 1)[0]}: {_seconds(config['summary'].get('warm_ttft_minus_incontext_prefill_median_s'))}"
+        for config in result["configurations"]
+        if config["summary"].get("warm_ttft_minus_incontext_prefill_median_s") is not None
+    ]
+    if beyond:
+        lines += ["", "Warm TTFT minus the in-context prefill of its new tokens (median; the server's per-request cost beyond the model's compute): " + ", ".join(beyond) + "."]
     lanes = sorted({lane for config in result["configurations"] for lane in config["summary"]["lanes"]})
     lines += ["", "Warm TTFT median per lane (cold in parentheses):", "", "| configuration | " + " | ".join(lanes) + " |", "|---" * (len(lanes) + 1) + "|"]
     for config in result["configurations"]:
@@ -75,10 +89,18 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"Proxy overhead for a {overhead['body_bytes'] / 1000:.0f} KB request against a loopback stub upstream "
-            f"({overhead['addon']['samples']} pairs): addon as shipped p50 {_ms(overhead['addon']['p50'])}, p95 {_ms(overhead['addon']['p95'])}; "
-            f"without the prefix diagnosis p50 {_ms(overhead['addon_without_diagnosis']['p50'])}; "
-            f"mitmdump with no addon p50 {_ms(overhead['mitmproxy_alone']['p50'])}.",
+            f"({overhead['addon']['added_ttft_ms']['samples']} request pairs each; proxied minus direct, p50 / p95). "
+            f"Added time to first token: the stub sends its headers at once and its first content event "
+            f"{overhead['first_token_delay_ms']:.0f} ms later, as an engine that prefills. "
+            "Added total time: the stub answers everything at once.",
+            "",
+            "| proxy | added time to first token | added total time, instant upstream |",
+            "|---|---|---|",
         ]
+        for key, what in OVERHEAD_VARIANTS.items():
+            if key in overhead:
+                ttft, total = overhead[key]["added_ttft_ms"], overhead[key]["added_total_instant_upstream_ms"]
+                lines.append(f"| {what} | {_ms(ttft['p50'])} / {_ms(ttft['p95'])} | {_ms(total['p50'])} / {_ms(total['p95'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -41,6 +41,28 @@ def test_json_has_rows_for_every_request_of_every_configuration_and_the_summary_
     assert by_key(data)["1-shipped"]["proxy_overhead_ms_p50"] is None
 
 
+def test_warm_product_requests_are_compared_with_prefilling_their_new_tokens_in_context(result):
+    _, data = result
+    product_warm = [row for row in data["rows"] if row["configuration"] == "4-patched+addon" and row["warm"]]
+    assert product_warm and all(row["incontext_prefill_s"] > 0 for row in product_warm)
+    assert by_key(data)["4-patched+addon"]["warm_ttft_over_incontext_prefill_median"] > 0
+    # Only the patched engine is measured by default; the shipped one's stays unknown, not made up.
+    assert all(row["incontext_prefill_s"] is None for row in data["rows"] if row["configuration"] == "1-shipped")
+    assert by_key(data)["1-shipped"]["warm_ttft_over_incontext_prefill_median"] is None
+
+
+def test_proxy_overhead_reports_added_ttft_and_instant_upstream_total_for_every_variant(result):
+    _, data = result
+    overhead = data["proxy_overhead"]
+    for variant in ("mitmproxy_alone", "addon", "addon_without_diagnosis", "addon_with_capture"):
+        for figure in ("added_ttft_ms", "added_total_instant_upstream_ms"):
+            assert overhead[variant][figure]["samples"] == 5
+            assert overhead[variant][figure]["p50"] is not None
+    product = by_key(data)["4-patched+addon"]
+    assert product["proxy_overhead_ms_p50"] == overhead["addon"]["added_ttft_ms"]["p50"]
+    assert product["proxy_overhead_total_instant_upstream_ms_p50"] == overhead["addon"]["added_total_instant_upstream_ms"]["p50"]
+
+
 def test_product_reuses_more_than_vllm_mlx_as_shipped(result):
     _, data = result
     shipped, product = by_key(data)["1-shipped"], by_key(data)["4-patched+addon"]

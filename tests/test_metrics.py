@@ -81,11 +81,23 @@ def test_flat_warm_ttft_has_zero_growth():
 
 
 def test_warm_ttft_is_compared_with_a_cold_prefill_of_its_new_tokens(trace):
-    trace[2]["new_token_prefill_s"] = 1.0  # warm, TTFT 2.0 -> 2.0
-    trace[4]["new_token_prefill_s"] = 2.0  # warm, TTFT 3.0 -> 1.5
-    trace[3]["new_token_prefill_s"] = 4.0  # warm, TTFT 1.0 -> 0.25
-    trace[0]["new_token_prefill_s"] = 1.0  # cold: not counted
-    assert summarize(trace)["warm_ttft_over_new_token_prefill_median"] == 1.5
+    trace[2]["cold_prefill_of_new_tokens_s"] = 1.0  # warm, TTFT 2.0 -> 2.0
+    trace[4]["cold_prefill_of_new_tokens_s"] = 2.0  # warm, TTFT 3.0 -> 1.5
+    trace[3]["cold_prefill_of_new_tokens_s"] = 4.0  # warm, TTFT 1.0 -> 0.25
+    trace[0]["cold_prefill_of_new_tokens_s"] = 1.0  # cold: not counted
+    summary = summarize(trace)
+    assert summary["warm_ttft_over_cold_prefill_of_new_tokens_median"] == 1.5
+    assert summary["warm_ttft_over_incontext_prefill_median"] is None  # not measured: not made up
+
+
+def test_warm_ttft_is_compared_with_prefilling_its_new_tokens_on_top_of_its_reused_prefix(trace):
+    trace[2]["incontext_prefill_s"] = 1.6  # warm, TTFT 2.0 -> 1.25
+    trace[3]["incontext_prefill_s"] = 0.5  # warm, TTFT 1.0 -> 2.0
+    trace[4]["incontext_prefill_s"] = None  # warm but not measured: left out
+    trace[0]["incontext_prefill_s"] = 0.1  # cold: not counted
+    summary = summarize(trace)
+    assert summary["warm_ttft_over_incontext_prefill_median"] == pytest.approx(1.625)
+    assert summary["warm_ttft_minus_incontext_prefill_median_s"] == pytest.approx(0.45)  # 0.4 and 0.5
 
 
 def test_prefill_reference_interpolates_and_extends_the_last_slope():
