@@ -1,5 +1,8 @@
-"""How long a server takes to prefill N tokens from nothing: the yardstick for
-"warm TTFT <= 1.3x the time to prefill only the new tokens".
+"""How long a server takes to prefill N tokens from nothing: the first yardstick
+for "warm TTFT <= 1.3x the time to prefill only the new tokens" (reported as
+"vs cold prefill of N tokens from nothing"). It is unreachable when attention
+dominates: a warm request's new tokens attend over the whole cached context.
+The fair one, new tokens on top of the reused prefix, is `bench.incontext_prefill`.
 
 After a configuration's replay, a few one-message prompts of known sizes are
 sent straight to its engine, each after `DELETE /v1/cache` and each with text
