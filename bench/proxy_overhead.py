@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,7 +33,7 @@ from bench.metrics import proxy_overhead_ms
 from bench.replay import MESSAGES_PATH, post_streamed
 from bench.session import MAIN_LANE, generate_session
 from bench.stack import ADDON_SCRIPTS, CAPTURE_SCRIPT, UNBUFFERED, proxy_options
-from tools.servers import LOOPBACK, free_port, mitmdump_command, running
+from tools.servers import LOOPBACK, free_port, mitmdump_command, running, serving
 
 TARGET_BODY_BYTES = 90_000
 
@@ -84,15 +83,9 @@ class _StubHandler(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def stub_upstream() -> Iterator[ThreadingHTTPServer]:
     """A loopback stub; set `.first_token_delay_s` on it to change how it answers."""
-    server = ThreadingHTTPServer((LOOPBACK, free_port()), _StubHandler)
-    server.first_token_delay_s = 0.0
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(_StubHandler, free_port(), "proxy-overhead-stub") as server:
+        server.first_token_delay_s = 0.0
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def sample_body(seed: int = 0) -> bytes:

@@ -3,6 +3,7 @@
 Every server goes through `running()`: it picks a free loopback
 port, waits until the server answers, and on exit (also on failure or Ctrl-C)
 terminates the whole process group, so no orphan keeps a port or a CPU core.
+Small stand-in upstreams run in a thread of the caller through `serving()`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -125,3 +128,18 @@ def mitmdump_command(scripts: list[str], upstream: str, port: int, options: dict
     for name, value in (options or {}).items():
         command += ["--set", f"{name}={value}"]
     return command
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler], port: int, name: str) -> Iterator[ThreadingHTTPServer]:
+    """An HTTP server on 127.0.0.1:`port`, answering from a daemon thread for the duration of the block."""
+    server = ThreadingHTTPServer((LOOPBACK, port), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

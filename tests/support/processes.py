@@ -11,5 +11,6 @@ from tools.servers import (  # noqa: F401
     mitmdump_command,
     port_open,
     running,
+    serving,
     stop,
 )

@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
-from tests.support.processes import LOOPBACK, free_port
+from tests.support.processes import LOOPBACK, free_port, serving
 
 CACHED_TOKENS = 1234
 
@@ -133,13 +132,5 @@ def _handler(upstream: SlowUpstream):
 @contextlib.contextmanager
 def slow_sse_upstream(event_delay: float = 0.15) -> Iterator[SlowUpstream]:
     upstream = SlowUpstream(port=free_port(), event_delay=event_delay)
-    server = ThreadingHTTPServer((LOOPBACK, upstream.port), _handler(upstream))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="slow-sse-upstream", daemon=True)
-    thread.start()
-    try:
+    with serving(_handler(upstream), upstream.port, "slow-sse-upstream"):
         yield upstream
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

@@ -16,14 +16,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from tests.support.processes import LOOPBACK, free_port
+from tests.support.processes import LOOPBACK, free_port, serving
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "streams"
 AWKWARD_PIECE_SIZES = (1, 7, 2, 13, 3, 31, 5, 64)
@@ -114,13 +113,5 @@ def _handler(upstream: Upstream, delay: float):
 @contextlib.contextmanager
 def sse_upstream(delay: float = 0.002) -> Iterator[Upstream]:
     upstream = Upstream(port=free_port())
-    server = ThreadingHTTPServer((LOOPBACK, upstream.port), _handler(upstream, delay))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="sse-upstream", daemon=True)
-    thread.start()
-    try:
+    with serving(_handler(upstream, delay), upstream.port, "sse-upstream"):
         yield upstream
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
