@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.metrics import Row, mark_cold_and_warm, reuse_efficiency, summarize
 from bench.prompt_tokens import PromptRenderer
-from bench.replay import Measured, replay, warm_up
+from bench.replay import Measured, warm_up
 from bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for
 from bench.session import generate_session
 from bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started
@@ -81,12 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             warm_up(endpoints.server_url, SERVED_MODEL_NAME)
             print()
             print(HEADER)
-            measured = replay(
+            measured = endpoints.replay(
                 requests,
-                endpoints.client_url,
-                server_url=endpoints.server_url,
-                server_log=endpoints.server_log,
-                proxy_log=endpoints.proxy_log,
                 on_result=lambda result: print(request_line(result), flush=True),
             )
     except KeyboardInterrupt:

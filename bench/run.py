@@ -27,7 +27,7 @@ from bench import prefill_reference, proxy_overhead, report
 from bench.incontext_prefill import InContextPrefill
 from bench.metrics import Row, mark_cold_and_warm, summarize
 from bench.prompt_tokens import PromptRenderer, ideal_reusable_tokens
-from bench.replay import Measured, replay, warm_up
+from bench.replay import Measured, warm_up
 from bench.session import MAIN_LANE, Request, generate_session
 from bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER, Configuration, configuration, cpu_description, started
 from tools.servers import REPO_ROOT
@@ -128,12 +128,8 @@ def run_configuration(
     print(f"{config.key}: {config.title}", flush=True)
     with started(config, model_dir, log_dir) as endpoints:
         warm_up(endpoints.server_url, SERVED_MODEL_NAME, config.protocol)
-        measured = replay(
+        measured = endpoints.replay(
             requests,
-            endpoints.client_url,
-            server_url=endpoints.server_url,
-            server_log=endpoints.server_log,
-            proxy_log=endpoints.proxy_log,
             max_tokens=max_tokens,
             # A direct client must name the served model; behind the addon, the addon maps it.
             model=None if config.addon else SERVED_MODEL_NAME,

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.replay import Measured, replay
+from bench.session import Request
 from tools.servers import REPO_ROOT, VENV_BIN, free_port, http_ok, mitmdump_command, running
 
 SERVED_MODEL_NAME = "tiny-model"
@@ -72,6 +74,17 @@ class Endpoints:
     server_log: Path
     proxy_log: Path | None
     capture_dir: Path | None  # where capture.py writes this session's records
+
+    def replay(self, requests: list[Request], **options) -> list[Measured]:
+        """Replay `requests` through this stack, reading reuse from its engine and logs."""
+        return replay(
+            requests,
+            self.client_url,
+            server_url=self.server_url,
+            server_log=self.server_log,
+            proxy_log=self.proxy_log,
+            **options,
+        )
 
 
 @contextlib.contextmanager
