@@ -17,7 +17,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from .prefix_cache import PrefixCache, UnsupportedCache, check_snapshot_support
+from .cache_layers import UnsupportedCache, check_snapshot_support
+from .prefix_cache import PrefixCache
 from .request_reuse import current_request_reuse
 
 logger = logging.getLogger("engine_patch")

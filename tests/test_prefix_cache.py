@@ -8,7 +8,8 @@ import pytest
 from mlx_lm.models import qwen2
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from engine_patch.prefix_cache import PrefixCache, UnsupportedCache, check_snapshot_support, snapshot
+from stable_prefix.engine_patch.cache_layers import UnsupportedCache, check_snapshot_support, snapshot
+from stable_prefix.engine_patch.prefix_cache import PrefixCache
 
 VOCAB = 512
 
