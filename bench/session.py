@@ -30,7 +30,7 @@ in minutes.
 The assistant turns are fixed by the generator, not produced by the model, like
 a replay of a captured session: every configuration sees the same bytes.
 
-    python -m bench.session --scale 0.05 --out /tmp/session   # writes NNNN-<lane>.json
+    python -m stable_prefix.bench.session --scale 0.05 --out /tmp/session   # writes NNNN-<lane>.json
 """
 
 from __future__ import annotations
@@ -102,6 +102,13 @@ class Request:
     lane: str
     conversation: int  # which main conversation it belongs to (the /clear starts the next)
     body: dict = field(repr=False)
+    # Extra HTTP headers the client sends with it (e.g. `x-claude-code-agent-id`
+    # of a subagent instance).
+    headers: dict[str, str] = field(default_factory=dict)
+    # Requests sharing a fan-out id are one group of concurrently running
+    # subagent instances: contiguous in the session, each instance's requests
+    # (same `x-claude-code-agent-id`) in order, different instances at once.
+    fan_out: str | None = None
 
     def body_bytes(self) -> bytes:
         """The exact bytes a client sends: compact JSON, UTF-8, keys in insertion order."""
@@ -410,7 +417,7 @@ def generate_session(seed: int = 0, scale: float = 1.0, *, per_request_cch: bool
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.session", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m stable_prefix.bench.session", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0, help="1.0 = full size (~23K-token main prefix)")
     parser.add_argument("--cch", action="store_true", help="add a per-request cch=<5hex> to the billing block")
