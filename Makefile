@@ -12,17 +12,20 @@ TINY_MODEL := build/tiny-model
 MODEL ?= $(TINY_MODEL)
 PYTEST_ARGS ?=
 
-.PHONY: setup tiny-model tiny-model-test test demo bench serve e2e-claude clean
+.PHONY: setup tiny-model tiny-model-test lint test demo bench serve e2e-claude clean
 
 setup: $(VENV)/.setup-done
 
-$(VENV)/.setup-done: requirements.txt
+$(VENV)/.setup-done: requirements.txt pyproject.toml
 	@test -n "$(PYTHON_BOOTSTRAP)" || { echo "error: Python >= 3.12 not found (set PYTHON_BOOTSTRAP=/path/to/python3.12)"; exit 1; }
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	# --no-deps: see requirements.txt for why torch & co. are left out.
 	$(PY) -m pip install --quiet --no-deps vllm-mlx==$(VLLM_MLX_VERSION)
+	# The project itself, editable: scripts and `mitmdump -s addons/...` import
+	# stable_prefix.* from this checkout (its dependencies are in requirements.txt).
+	$(PY) -m pip install --quiet --no-deps --editable .
 	touch $@
 
 # Builds both tiny models. build/tiny-model: the `default` preset (demo, bench,
@@ -30,42 +33,45 @@ $(VENV)/.setup-done: requirements.txt
 # build/tiny-model-test: the `test` preset, for tests that want ~1 s per 2K-token
 # prompt. Rebuilt only when missing or when the script changed (same seed:
 # byte-identical files).
-# Any size: $(PY) tools/build_tiny_model.py --out DIR --preset large --layers 8 ...
+# Any size: $(PY) -m stable_prefix.tools.build_tiny_model --out DIR --preset large --layers 8 ...
 tiny-model: $(TINY_MODEL)/config.json $(TINY_MODEL)-test/config.json
 
 tiny-model-test: $(TINY_MODEL)-test/config.json
 
 $(TINY_MODEL)/config.json: tools/build_tiny_model.py | setup
-	$(PY) tools/build_tiny_model.py --out $(TINY_MODEL) --preset default
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL) --preset default
 
 $(TINY_MODEL)-test/config.json: tools/build_tiny_model.py | setup
-	$(PY) tools/build_tiny_model.py --out $(TINY_MODEL)-test --preset test
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test --preset test
 
-test: setup tiny-model tiny-model-test
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup tiny-model tiny-model-test lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
 # Our flags: --prefix-cache-bytes SIZE, --prefix-cache-entries N, --no-prefix-cache.
 ARGS ?= --host 127.0.0.1 --port 8000
 serve: setup $(if $(filter $(TINY_MODEL),$(MODEL)),tiny-model)
-	$(PY) -m engine_patch serve $(MODEL) $(ARGS)
+	$(PY) -m stable_prefix.engine_patch serve $(MODEL) $(ARGS)
 
 # The demo: the product (patched engine behind our addons) replaying a Claude
 # Code-shaped session, a few minutes on a 2-core CPU. FULL=1: full-size prompts.
 demo: setup tiny-model
-	$(PY) -m bench.demo $(if $(FULL),--full)
+	$(PY) -m stable_prefix.bench.demo $(if $(FULL),--full)
 
 # The side-by-side benchmark of the four configurations (+ mlx_lm.server as an
 # outside anchor) -> bench/results/latest.*
 # QUICK=1: a reduced session in under ~5 minutes -> build/bench-quick/latest.*
 bench: setup tiny-model
-	$(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS)
+	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.
 # Needs npm; `make test` runs the same test.
 e2e-claude: setup tiny-model
-	$(PY) tools/claude_code.py install
+	$(PY) -m stable_prefix.tools.claude_code install
 	$(PY) -m pytest tests/test_claude_code_e2e.py $(PYTEST_ARGS)
 
 clean:

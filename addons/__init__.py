@@ -2,7 +2,7 @@
 
 Scripts (load with `mitmdump -s addons/<name>.py`):
   strip_billing.py    keeps the prompt prefix stable and diagnoses it per lane
-  capture.py          records every API request for `python -m captures`
+  capture.py          records every API request for `python -m stable_prefix.captures`
   toolcall_stream.py  turns tool calls written as text into real tool calls
   json_mode_guard.py  keeps strict json_schema requests from stalling the server
 

@@ -1,4 +1,4 @@
-"""Record every Claude Code API request, for `python -m captures diff|report`.
+"""Record every Claude Code API request, for `python -m stable_prefix.captures diff|report`.
 
     mitmdump -s addons/strip_billing.py -s addons/capture.py --mode reverse:http://127.0.0.1:8000 -p 8080
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,12 +26,9 @@ from typing import Any
 
 from mitmproxy import ctx, exceptions, http
 
-if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addons/ on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from addons.diagnosis import PrefixDiagnosis, PromptSnapshot  # noqa: E402
-from addons.request_body import FLOW_NOTES, api_of  # noqa: E402
-from addons.sse_events import SSEParser  # noqa: E402
+from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
+from stable_prefix.addons.request_body import FLOW_NOTES, api_of
+from stable_prefix.addons.sse_events import SSEParser
 
 logger = logging.getLogger(__name__)
 

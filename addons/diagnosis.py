@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from addons import normalize
-from addons.lanes import LaneNames, LaneSignature, lane_signature
-from addons.normalize import RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change
-from addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
+from stable_prefix.addons import normalize
+from stable_prefix.addons.lanes import LaneNames, LaneSignature, lane_signature
+from stable_prefix.addons.normalize import RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change
+from stable_prefix.addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
 
 
 @dataclass(frozen=True)

@@ -22,16 +22,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
-import sys
-from pathlib import Path
 from typing import Any
 
 from mitmproxy import ctx, exceptions, http
 
-if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addons/ on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from addons.request_body import LeftAlone, api_of, read_json_body, write_json_body  # noqa: E402
+from stable_prefix.addons.request_body import LeftAlone, api_of, read_json_body, write_json_body
 
 logger = logging.getLogger(__name__)
 

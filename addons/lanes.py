@@ -31,7 +31,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from addons.normalize import Api, is_billing_line, is_date_line, system_texts, tool_names
+from stable_prefix.addons.normalize import Api, is_billing_line, is_date_line, system_texts, tool_names
 
 OPENING_CHARS = 256
 AGENT_TOOLS = frozenset({"Task", "Agent"})

@@ -2,7 +2,7 @@
 
 This module is the single owner of that definition. The proxy addon
 (`strip_billing.py`), the prefix diagnosis (`diagnosis.py`) and the captures
-CLI (`python -m captures diff --normalized`) all call these functions.
+CLI (`python -m stable_prefix.captures diff --normalized`) all call these functions.
 
 Every rule is a plain function over a parsed request body (a dict) that edits
 it in place and returns the `Change`s it made. The line predicates

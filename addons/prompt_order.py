@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from addons.normalize import Api
+from stable_prefix.addons.normalize import Api
 
 SEGMENT_END = b"\n"
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from mitmproxy import http
 
-from addons import normalize
-from addons.diagnosis import PromptSnapshot
-from addons.normalize import Api, api_for
+from stable_prefix.addons import normalize
+from stable_prefix.addons.diagnosis import PromptSnapshot
+from stable_prefix.addons.normalize import Api, api_for
 
 logger = logging.getLogger(__name__)
 

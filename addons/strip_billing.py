@@ -13,9 +13,9 @@ prefilling by then. Anthropic's own hosts, other paths, and bodies it cannot rea
 through byte for byte. Server-sent events are streamed, not buffered.
 
 Conventions for the addons in this folder:
-- `mitmdump -s addons/x.py` loads a file as a script with only `addons/` on
-  sys.path, so each script puts the repository root there and imports its
-  siblings as `from addons import ...` (the same modules tests import).
+- `mitmdump -s addons/x.py` loads a file as a script; it imports its siblings
+  as `stable_prefix.addons.*` (the same modules tests import), which `make
+  setup` installs into the venv (editable).
 - Hooks are small; the logic lives in plain functions tested directly.
 - Options are declared in `load()`, parsed in `configure()`; a bad value raises
   OptionsError naming the option and the value.
@@ -28,17 +28,12 @@ Conventions for the addons in this folder:
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 from mitmproxy import ctx, exceptions, http
 
-if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addons/ on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from addons import normalize  # noqa: E402
-from addons.diagnosis import PrefixDiagnosis  # noqa: E402
-from addons.request_body import FLOW_NOTES, normalize_request  # noqa: E402
+from stable_prefix.addons import normalize
+from stable_prefix.addons.diagnosis import PrefixDiagnosis
+from stable_prefix.addons.request_body import FLOW_NOTES, normalize_request
 
 logger = logging.getLogger(__name__)
 

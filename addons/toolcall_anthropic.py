@@ -25,8 +25,8 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from addons.sse_events import SSEEvent, SSEParser, format_event
-from addons.text_tool_calls import SYNTAXES, Piece, Text, ToolCall, ToolCallScanner
+from stable_prefix.addons.sse_events import SSEEvent, SSEParser, format_event
+from stable_prefix.addons.text_tool_calls import SYNTAXES, Piece, Text, ToolCall, ToolCallScanner
 
 STRUCTURED_CALL_TYPES = {"tool_use", "server_tool_use"}
 # A converted call replaces these; "max_tokens" and the like still tell the truth.

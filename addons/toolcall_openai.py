@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from addons.sse_events import SSEEvent, SSEParser, format_event
-from addons.text_tool_calls import SYNTAXES, Piece, Text, ToolCall, ToolCallScanner
+from stable_prefix.addons.sse_events import SSEEvent, SSEParser, format_event
+from stable_prefix.addons.text_tool_calls import SYNTAXES, Piece, Text, ToolCall, ToolCallScanner
 
 # A converted call replaces these; "length" and the like still tell the truth.
 _NATURAL_FINISHES = {"stop"}

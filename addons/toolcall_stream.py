@@ -21,18 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from mitmproxy import ctx, exceptions, http
 
-if __name__.startswith("__mitmproxy_script__"):  # `mitmdump -s` puts only addons/ on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from addons import toolcall_anthropic, toolcall_openai  # noqa: E402
-from addons.request_body import LeftAlone, api_of, read_json_body  # noqa: E402
-from addons.text_tool_calls import SYNTAXES  # noqa: E402
+from stable_prefix.addons import toolcall_anthropic, toolcall_openai
+from stable_prefix.addons.request_body import LeftAlone, api_of, read_json_body
+from stable_prefix.addons.text_tool_calls import SYNTAXES
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ loopback ports, replays the generated session through the proxy, prints one
 row per request and a summary, and stops both servers (also on Ctrl-C or
 error).
 
-    python -m bench.demo            # small prompts: a few minutes on a 2-core CPU
-    python -m bench.demo --full     # full-size prompts (~23K-token main prefix)
+    python -m stable_prefix.bench.demo            # small prompts: a few minutes on a 2-core CPU
+    python -m stable_prefix.bench.demo --full     # full-size prompts (~23K-token main prefix)
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench.metrics import Row, mark_cold_and_warm, reuse_efficiency, summarize
-from bench.prompt_tokens import PromptRenderer
-from bench.replay import Measured, warm_up
-from bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for
-from bench.session import generate_session
-from bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started
-from tools.servers import REPO_ROOT
+from stable_prefix.bench.metrics import Row, mark_cold_and_warm, reuse_efficiency, summarize
+from stable_prefix.bench.prompt_tokens import PromptRenderer
+from stable_prefix.bench.replay import Measured, warm_up
+from stable_prefix.bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for
+from stable_prefix.bench.session import generate_session
+from stable_prefix.bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started
+from stable_prefix.tools.servers import REPO_ROOT
 
 DEMO_SCALE = 0.2
 HEADER = f"{'#':>3}  {'lane':<20} {'prompt':>7} {'reused':>7} {'prefilled':>9} {'TTFT':>8}  diagnosis (addon)"
@@ -61,7 +61,7 @@ def summary_lines(rows: list[Row]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m stable_prefix.bench.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="full-size prompts (~23K-token main prefix; slow on a CPU)")
     parser.add_argument("--scale", type=float, help=f"session scale (default {DEMO_SCALE}; --full = 1.0)")
     parser.add_argument("--seed", type=int, default=0)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(summary_lines(rows)))
     print(f"\nServers stopped. Logs: {args.logs.relative_to(REPO_ROOT) if args.logs.is_relative_to(REPO_ROOT) else args.logs}/")
     captures = endpoints.capture_dir.relative_to(REPO_ROOT)
-    print(f"Captures: {captures}/ ({len(list(endpoints.capture_dir.glob('*.json')))} requests; per-lane report: .venv/bin/python -m captures report {captures})")
+    print(f"Captures: {captures}/ ({len(list(endpoints.capture_dir.glob('*.json')))} requests; per-lane report: .venv/bin/python -m stable_prefix.captures report {captures})")
     return 0 if all(result.reply.status == 200 and not result.reply.error for result in measured) else 1
 
 

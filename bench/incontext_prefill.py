@@ -72,7 +72,7 @@ class InContextPrefill:
 
     def seconds(self, tokens: list[int], reused: int) -> float:
         """Median time to prefill `tokens[reused:]` on top of `tokens[:reused]` already cached."""
-        from bench.prompt_tokens import common_prefix_length
+        from stable_prefix.bench.prompt_tokens import common_prefix_length
 
         if not 0 <= reused < len(tokens):
             raise ValueError(f"in-context prefill: {reused} reused tokens of a {len(tokens)}-token prompt; at least one token must be new")
@@ -89,7 +89,7 @@ class InContextPrefill:
     def measure_all(self, prompts: dict[Hashable, tuple[list[int], int]]) -> dict[Hashable, float]:
         """{key: seconds} for {key: (tokens, reused)}; equal (tokens, reused) are measured once."""
         measured: dict[tuple[int, ...], float] = {}
-        for key, (tokens, reused) in sorted(prompts.items(), key=lambda item: item[1][0]):
+        for tokens, reused in sorted(prompts.values(), key=lambda prompt: prompt[0]):
             identity = (reused, *tokens)
             if identity not in measured:
                 measured[identity] = self.seconds(tokens, reused)

@@ -17,9 +17,9 @@ import random
 
 import numpy as np
 
-from bench.prompt_tokens import PromptRenderer
-from bench.replay import CHAT_COMPLETIONS_PATH, MESSAGES_PATH, clear_cache, post_streamed
-from bench.session import TextSource
+from stable_prefix.bench.prompt_tokens import PromptRenderer
+from stable_prefix.bench.replay import CHAT_COMPLETIONS_PATH, MESSAGES_PATH, clear_cache, post_streamed
+from stable_prefix.bench.session import TextSource
 
 SIZES = (32, 256, 1024, 4096)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+
 def _keeps_native_tool_format(tool_call_parser: str | None) -> bool:
     """Whether the server, started with this `--tool-call-parser` (and auto tool choice),
     hands tool calls and results to the chat template as such instead of as text."""

@@ -29,11 +29,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from bench.metrics import proxy_overhead_ms
-from bench.replay import MESSAGES_PATH, post_streamed
-from bench.session import MAIN_LANE, generate_session
-from bench.stack import ADDON_SCRIPTS, CAPTURE_SCRIPT, UNBUFFERED, proxy_options
-from tools.servers import LOOPBACK, free_port, mitmdump_command, running, serving
+from stable_prefix.bench.metrics import proxy_overhead_ms
+from stable_prefix.bench.replay import MESSAGES_PATH, post_streamed
+from stable_prefix.bench.session import MAIN_LANE, generate_session
+from stable_prefix.bench.stack import ADDON_SCRIPTS, CAPTURE_SCRIPT, UNBUFFERED, proxy_options
+from stable_prefix.tools.servers import LOOPBACK, free_port, mitmdump_command, running, serving
 
 TARGET_BODY_BYTES = 90_000
 

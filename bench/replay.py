@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.openai_form import openai_body
-from bench.session import Request
+from stable_prefix.bench.openai_form import openai_body
+from stable_prefix.bench.session import Request
 
 MESSAGES_PATH = "/v1/messages?beta=true"  # what Claude Code requests
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"  # the OpenAI path (mlx_lm.server)
@@ -88,7 +88,7 @@ class LogFollower:
         return data[:complete].decode(errors="replace").splitlines()
 
 
-def post_streamed(base_url: str, path: str, body: bytes, timeout: float = 1800.0) -> Reply:
+def post_streamed(base_url: str, path: str, body: bytes, timeout: float = 1800.0, headers: dict[str, str] | None = None) -> Reply:
     """POST `body` and read the SSE answer, timing the first text delta and the end."""
     url = urlsplit(base_url)
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
@@ -96,7 +96,7 @@ def post_streamed(base_url: str, path: str, body: bytes, timeout: float = 1800.0
     ttft = None
     usage: dict[str, Any] = {}
     try:
-        connection.request("POST", path, body=body, headers=CLIENT_HEADERS)
+        connection.request("POST", path, body=body, headers={**CLIENT_HEADERS, **(headers or {})})
         response = connection.getresponse()
         if response.status != 200:
             detail = response.read().decode(errors="replace")[:500]
@@ -219,7 +219,7 @@ def replay(
     results = []
     for request in requests:
         before = cache_stats(server_url)
-        reply = post_streamed(base_url, path, for_client(request, max_tokens=max_tokens, model=model, protocol=protocol))
+        reply = post_streamed(base_url, path, for_client(request, max_tokens=max_tokens, model=model, protocol=protocol), headers=request.headers)
         after = cache_stats(server_url)
         figures, source = reuse_figures(reply, before, after, server_lines.new_lines())
         measured = Measured(

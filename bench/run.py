@@ -1,8 +1,8 @@
 """`make bench`: the same session against each configuration, side by side, in one run.
 
-    python -m bench.run                 # full run -> bench/results/latest.{json,md,png}
-    python -m bench.run --quick         # reduced session, under ~5 minutes -> build/bench-quick/
-    python -m bench.run --configs 1,4 --limit 12 --out /tmp/b
+    python -m stable_prefix.bench.run                 # full run -> bench/results/latest.{json,md,png}
+    python -m stable_prefix.bench.run --quick         # reduced session, under ~5 minutes -> build/bench-quick/
+    python -m stable_prefix.bench.run --configs 1,4 --limit 12 --out /tmp/b
 
 Each configuration gets freshly started servers (no cache carries over), the
 same requests in the same order, and the same model. See `bench/README.md` for
@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from addons.normalize import Rules, api_for, normalize
-from bench import prefill_reference, proxy_overhead, report
-from bench.incontext_prefill import InContextPrefill
-from bench.metrics import Row, mark_cold_and_warm, summarize
-from bench.prompt_tokens import PromptRenderer, ideal_reusable_tokens
-from bench.replay import Measured, warm_up
-from bench.session import MAIN_LANE, Request, generate_session
-from bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER, Configuration, configuration, cpu_description, started
-from tools.servers import REPO_ROOT
+from stable_prefix.addons.normalize import Rules, api_for, normalize
+from stable_prefix.bench import prefill_reference, proxy_overhead, report
+from stable_prefix.bench.incontext_prefill import InContextPrefill
+from stable_prefix.bench.metrics import Row, mark_cold_and_warm, summarize
+from stable_prefix.bench.prompt_tokens import PromptRenderer, ideal_reusable_tokens
+from stable_prefix.bench.replay import Measured, warm_up
+from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
+from stable_prefix.bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER, Configuration, configuration, cpu_description, started
+from stable_prefix.tools.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
 FULL_SCALE, QUICK_SCALE = 0.2, 0.04
@@ -201,7 +201,7 @@ def session_description(requests: list[Request], views: PromptViews, seed: int, 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m stable_prefix.bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"reduced session (scale {QUICK_SCALE}) for CI-sized checks")
     parser.add_argument("--scale", type=float, help=f"session scale; default {FULL_SCALE} ({QUICK_SCALE} with --quick); 1.0 = full size")
     parser.add_argument("--seed", type=int, default=0)
@@ -290,7 +290,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("vllm_mlx").setLevel(logging.WARNING)  # its renderer logs every message merge
     args = parse_args(argv)
-    command = "python -m bench.run " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python -m stable_prefix.bench.run " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
         result = run(args, command.strip())
     except KeyboardInterrupt:

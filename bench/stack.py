@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.replay import Measured, replay
-from bench.session import Request
-from tools.servers import REPO_ROOT, VENV_BIN, free_port, http_ok, mitmdump_command, running
+from stable_prefix.bench.replay import Measured, replay
+from stable_prefix.bench.session import Request
+from stable_prefix.tools.servers import REPO_ROOT, VENV_BIN, free_port, http_ok, mitmdump_command, running
 
 SERVED_MODEL_NAME = "tiny-model"
 TOOL_CALL_PARSER = "hermes"  # Qwen's tool-call format
@@ -60,7 +60,7 @@ def engine_command(engine: str, model_dir: Path, port: int) -> list[str]:
     serve = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
     if engine == "shipped":
         return [str(VENV_BIN / "vllm-mlx"), *serve]
-    return [str(VENV_BIN / "python"), "-m", "engine_patch", *serve]
+    return [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", *serve]
 
 
 def proxy_options(served_model: str = SERVED_MODEL_NAME) -> dict[str, object]:

@@ -1,5 +1,5 @@
 import sys
 
-from captures.cli import main
+from stable_prefix.captures.cli import main
 
 sys.exit(main())

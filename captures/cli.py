@@ -1,4 +1,4 @@
-"""`python -m captures diff|report`: what changed between requests, and where
+"""`python -m stable_prefix.captures diff|report`: what changed between requests, and where
 the prompt prefix broke. Exit status: 0 done, 2 bad input."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import argparse
 import json
 import sys
 
-from addons.diagnosis import rule_note
-from addons.normalize import RULE_LABEL
-from captures import pairs
-from captures.inputs import InputError, RequestFile, files_in, load
+from stable_prefix.addons.diagnosis import rule_note
+from stable_prefix.addons.normalize import RULE_LABEL
+from stable_prefix.captures import pairs
+from stable_prefix.captures.inputs import InputError, RequestFile, files_in, load
 
 
 def describe(request: RequestFile) -> str:
@@ -107,7 +107,7 @@ def run_report(args) -> None:
 def parser() -> argparse.ArgumentParser:
     rules = ", ".join(f"{name} ({label})" for name, (label, _, _) in RULE_LABEL.items())
     top = argparse.ArgumentParser(
-        prog="python -m captures",
+        prog="python -m stable_prefix.captures",
         description="What changed between Claude Code requests, and where their prompt prefix broke. "
         "Inputs are capture records (addons/capture.py) or raw request bodies. "
         f"Breaks are attributed to these rules: {rules}. Exit status 2 on bad input.",

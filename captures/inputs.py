@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from addons.capture import RECORD_FORMAT
-from addons.normalize import Api
+from stable_prefix.addons.capture import RECORD_FORMAT
+from stable_prefix.addons.normalize import Api
 
 
 class InputError(Exception):

@@ -15,10 +15,10 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
-from addons.diagnosis import Diagnosis, PrefixDiagnosis, PromptSnapshot
-from addons.normalize import Rules, normalize
-from addons.prompt_order import canonical_value
-from captures.inputs import RequestFile
+from stable_prefix.addons.diagnosis import Diagnosis, PrefixDiagnosis, PromptSnapshot
+from stable_prefix.addons.normalize import Rules, normalize
+from stable_prefix.addons.prompt_order import canonical_value
+from stable_prefix.captures.inputs import RequestFile
 
 DEFAULT_RULES = Rules()
 VALUE_CHARS = 60

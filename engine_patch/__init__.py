@@ -1,6 +1,6 @@
 """A prefix KV cache for vllm-mlx's SimpleEngine, installed at start-up.
 
-`python -m engine_patch serve MODEL [vllm-mlx serve flags]` installs it and
+`python -m stable_prefix.engine_patch serve MODEL [vllm-mlx serve flags]` installs it and
 runs vllm-mlx's own CLI; `install()` is the same thing for embedding.
 """
 

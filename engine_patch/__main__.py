@@ -1,4 +1,4 @@
-"""`python -m engine_patch serve MODEL [our flags] [any vllm-mlx serve flags]`."""
+"""`python -m stable_prefix.engine_patch serve MODEL [our flags] [any vllm-mlx serve flags]`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def positive_int(text: str) -> int:
 
 
 def our_flags() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine_patch serve", add_help=False, allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m stable_prefix.engine_patch serve", add_help=False, allow_abbrev=False)
     parser.add_argument("--prefix-cache-bytes", type=parse_size, default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_BYTES"),
                         help="budget for all KV snapshots together (default: 25%% of RAM)")
     parser.add_argument("--prefix-cache-entries", type=positive_int, default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_ENTRIES"),
@@ -44,7 +44,7 @@ def our_flags() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] != "serve":
-        sys.exit("usage: python -m engine_patch serve MODEL [--prefix-cache-bytes SIZE] "
+        sys.exit("usage: python -m stable_prefix.engine_patch serve MODEL [--prefix-cache-bytes SIZE] "
                  "[--prefix-cache-entries N] [--no-prefix-cache] [vllm-mlx serve flags]")
     options, vllm_args = our_flags().parse_known_args(argv[1:])
     if isinstance(options.prefix_cache_bytes, str):  # from the environment

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import run
+from stable_prefix.bench import run
 from tests.support.models import require_model
 
 pytestmark = pytest.mark.server
@@ -94,7 +94,7 @@ def test_demo_stops_both_servers_on_ctrl_c(tmp_path):
     from tests.support.processes import REPO_ROOT, port_open
 
     demo = subprocess.Popen(
-        [sys.executable, "-m", "bench.demo", "--scale", "0.03", "--model", str(require_model()), "--logs", str(tmp_path)],
+        [sys.executable, "-m", "stable_prefix.bench.demo", "--scale", "0.03", "--model", str(require_model()), "--logs", str(tmp_path)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

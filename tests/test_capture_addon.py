@@ -4,12 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures import claude_code
 from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
-from addons.capture import REDACTED, Capture, UsageObserver
-from addons.strip_billing import StripBilling
-from fixtures import claude_code
+from stable_prefix.addons.capture import REDACTED, Capture, UsageObserver
+from stable_prefix.addons.strip_billing import StripBilling
 
 SCRIPT = Path(__file__).resolve().parents[1] / "addons" / "capture.py"
 

@@ -1,4 +1,4 @@
-"""`python -m captures diff|report` on capture records and raw request bodies."""
+"""`python -m stable_prefix.captures diff|report` on capture records and raw request bodies."""
 
 import json
 import subprocess
@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures import claude_code
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
-from addons.capture import Capture
-from addons.strip_billing import StripBilling
-from captures.cli import main
-from fixtures import claude_code
+from stable_prefix.addons.capture import Capture
+from stable_prefix.addons.strip_billing import StripBilling
+from stable_prefix.captures.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -194,11 +194,11 @@ def test_report_of_a_file_is_an_error(tmp_path, capsys):
 
 def test_the_committed_examples_run_as_a_module():
     examples = sorted((REPO / "captures" / "examples").glob("*.json"))
-    result = subprocess.run([sys.executable, "-m", "captures", "diff", *map(str, examples), "--normalized"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "stable_prefix.captures", "diff", *map(str, examples), "--normalized"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "lane main · prefix stable" in result.stdout and "(billing header; stripped)" in result.stdout
 
 
 def test_usage_error_exits_non_zero():
-    result = subprocess.run([sys.executable, "-m", "captures", "diff", "only-one.json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "stable_prefix.captures", "diff", "only-one.json"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "usage:" in result.stderr

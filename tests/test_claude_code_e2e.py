@@ -5,7 +5,7 @@ The stack is what a user runs, on 127.0.0.1, offline:
     claude (pinned npm release, throwaway config)
       -> mitmdump -s addons/strip_billing.py -s addons/capture.py   (our proxy)
       -> mitmdump -s tests/support/upstream_recorder.py             (the engine's door: what really arrived)
-      -> python -m engine_patch serve build/tiny-model              (patched vllm-mlx, tiny random model)
+      -> python -m stable_prefix.engine_patch serve build/tiny-model              (patched vllm-mlx, tiny random model)
 
 A cold Claude Code prompt is ~11.5K tokens of the tiny model; it costs about
 half a minute to prefill on a 2-core CPU, a warm turn about a second. Each test
@@ -15,7 +15,6 @@ makes one cold request per lane and a few warm ones, and prints what it saw.
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,10 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from stable_prefix.tools import claude_code
 from tests.support.processes import REPO_ROOT, VENV_BIN, Server, free_port, http_ok, mitmdump_command, running
-
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-import claude_code  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -80,7 +77,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     captures_dir = tmp_path / "captures"
     engine_port, door_port, proxy_port = free_port(), free_port(), free_port()
     engine_command = [
-        str(VENV_BIN / "python"), "-m", "engine_patch", "serve", str(TINY_MODEL),
+        str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(TINY_MODEL),
         "--host", "127.0.0.1", "--port", str(engine_port),
         "--served-model-name", SERVED_MODEL, "--max-tokens", str(ANSWER_TOKENS),
     ]
@@ -264,7 +261,7 @@ def test_interactive_session_keeps_title_requests_in_their_own_lane(stack: Stack
         session.wait_until_ready()
         for number, message in enumerate(INTERACTIVE_TURNS, start=1):
             session.type_message(message)
-            session.wait_for(lambda: sum(is_main_agent(r["request"]) for r in stack.arrived()) >= number,
+            session.wait_for(lambda number=number: sum(is_main_agent(r["request"]) for r in stack.arrived()) >= number,
                              f"the main-agent request of turn {number}", COLD_TURN_TIMEOUT_S)
             reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
         # A side request of the last turn may still be on its way.

@@ -7,15 +7,12 @@ not minutes, and it pins down what the slow end-to-end test relies on.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from stable_prefix.tools import claude_code
 from tests.support.processes import REPO_ROOT, VENV_BIN, free_port, running
-
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-import claude_code  # noqa: E402
 
 STUB = REPO_ROOT / "tests" / "support" / "recording_anthropic_stub.py"
 

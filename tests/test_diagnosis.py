@@ -2,10 +2,11 @@
 
 import copy
 
-from addons import normalize
-from addons.diagnosis import PrefixDiagnosis, PromptSnapshot
-from addons.normalize import Rules
 from fixtures import claude_code
+
+from stable_prefix.addons import normalize
+from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
+from stable_prefix.addons.normalize import Rules
 
 
 class Session:
@@ -144,8 +145,8 @@ def test_session_totals_per_lane():
 
 
 def test_reusing_the_clients_untouched_segments_gives_the_same_order_as_serializing_anew():
-    from addons.diagnosis import untouched_segments
-    from addons.prompt_order import prompt_order
+    from stable_prefix.addons.diagnosis import untouched_segments
+    from stable_prefix.addons.prompt_order import prompt_order
 
     cases = [
         ("anthropic", claude_code.main_request(12, cch="x"), Rules()),

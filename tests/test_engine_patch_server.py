@@ -27,7 +27,7 @@ MAX_TOKENS = 8
 def engine_server(tmp_path_factory, name: str, *flags: str):
     model = require_model()
     port = free_port()
-    command = [sys.executable, "-m", "engine_patch", "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny", *flags]
+    command = [sys.executable, "-m", "stable_prefix.engine_patch", "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny", *flags]
     return running(
         name,
         command,

@@ -6,11 +6,11 @@ import sys
 
 import mlx_lm
 import pytest
-
 import vllm_mlx
-from engine_patch import install
-from engine_patch.__main__ import parse_size
-from engine_patch.install import why_unsupported
+
+from stable_prefix.engine_patch import install
+from stable_prefix.engine_patch.__main__ import parse_size
+from stable_prefix.engine_patch.install import why_unsupported
 from tests.support.llm_client import send
 from tests.support.models import require_model
 from tests.support.processes import REPO_ROOT, free_port, http_ok, running
@@ -47,7 +47,7 @@ def test_cache_budgets_are_given_in_bytes_with_units(text, size):
 
 def test_a_malformed_budget_is_refused_with_the_flag_named():
     result = subprocess.run(
-        [sys.executable, "-m", "engine_patch", "serve", "model", "--prefix-cache-bytes", "lots"],
+        [sys.executable, "-m", "stable_prefix.engine_patch", "serve", "model", "--prefix-cache-bytes", "lots"],
         capture_output=True, text=True, cwd=REPO_ROOT,
     )
     assert result.returncode != 0
@@ -65,7 +65,7 @@ def test_an_older_release_without_a_cache_of_its_own_gets_one(tmp_path):
             check=True,
         )
     port = free_port()
-    command = [sys.executable, "-m", "engine_patch", "serve", str(require_model()), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "stable_prefix.engine_patch", "serve", str(require_model()), "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", "tiny"]
     with running("vllm-mlx-0.3.0", command, port=port, log_dir=tmp_path, env={"PYTHONPATH": str(target)},
                  ready=lambda: http_ok(f"http://127.0.0.1:{port}/v1/models")) as server:

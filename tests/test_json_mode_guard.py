@@ -16,8 +16,8 @@ import pytest
 from mitmproxy import exceptions
 from mitmproxy.test import taddons, tflow, tutils
 
-from addons import json_mode_guard
-from addons.json_mode_guard import JsonModeGuard, downgrade_json_schema, model_matches, parse_model_patterns
+from stable_prefix.addons import json_mode_guard
+from stable_prefix.addons.json_mode_guard import JsonModeGuard, downgrade_json_schema, model_matches, parse_model_patterns
 from tests.support.processes import free_port, mitmdump_command, running
 from tests.support.sse_upstream import sse_upstream
 

@@ -1,7 +1,8 @@
 """Lanes: main agent, sub-agents and side requests are told apart."""
 
-from addons.lanes import LaneNames, lane_signature
 from fixtures import claude_code
+
+from stable_prefix.addons.lanes import LaneNames, lane_signature
 
 
 def lanes_of(*bodies, api="anthropic"):
@@ -61,7 +62,7 @@ def test_date_and_billing_lines_do_not_split_a_lane():
 
 
 def test_a_body_gets_the_same_lane_before_and_after_normalization():
-    from addons import normalize
+    from stable_prefix.addons import normalize
 
     raw = claude_code.subagent_request("general")
     forwarded = claude_code.subagent_request("general")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.metrics import (
+from stable_prefix.bench.metrics import (
     mark_cold_and_warm,
     percentile,
     proxy_overhead_ms,
@@ -10,8 +10,8 @@ from bench.metrics import (
     summarize,
     warm_ttft_growth_ms_per_1k_tokens,
 )
-from bench.prefill_reference import prefill_seconds
-from bench.prompt_tokens import common_prefix_length, ideal_reusable_tokens
+from stable_prefix.bench.prefill_reference import prefill_seconds
+from stable_prefix.bench.prompt_tokens import common_prefix_length, ideal_reusable_tokens
 
 
 def row(lane, conversation, prompt, ideal, reused, ttft, total=None):

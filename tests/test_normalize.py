@@ -3,10 +3,10 @@
 import copy
 
 import pytest
-
-from addons import normalize
-from addons.normalize import Change, Rules
 from fixtures import claude_code
+
+from stable_prefix.addons import normalize
+from stable_prefix.addons.normalize import Change, Rules
 
 HEADER = claude_code.billing_text("a3f", cch="9f2c1")
 

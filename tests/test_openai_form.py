@@ -2,8 +2,8 @@
 
 import json
 
-from bench.openai_form import openai_body
-from bench.session import generate_session
+from stable_prefix.bench.openai_form import openai_body
+from stable_prefix.bench.session import generate_session
 
 
 def test_translation_keeps_every_message_in_place_and_normalizes_nothing():

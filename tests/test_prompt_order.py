@@ -2,9 +2,10 @@
 
 import json
 
-from addons import normalize
-from addons.prompt_order import compare, line_at, prompt_order
 from fixtures import claude_code
+
+from stable_prefix.addons import normalize
+from stable_prefix.addons.prompt_order import compare, line_at, prompt_order
 
 
 def order(body, api="anthropic"):

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-
 from fixtures import claude_code
+
 from tests.support.processes import LOOPBACK, free_port, mitmdump_command, running
 from tests.support.slow_sse_upstream import CACHED_TOKENS, slow_sse_upstream
 

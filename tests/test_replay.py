@@ -1,6 +1,6 @@
 """Where the replay reads each request's reuse from, in order of preference."""
 
-from bench.replay import LogFollower, Reply, _diagnosis_line, reuse_figures
+from stable_prefix.bench.replay import LogFollower, Reply, _diagnosis_line, reuse_figures
 
 HIT = "INFO:vllm_mlx.engine.simple:System KV cache HIT (stream_chat): reusing 6378 tokens, prefilling 523 new (hash=ab12)"
 MISS = "INFO:vllm_mlx.engine.simple:System KV cache MISS (stream_chat): will prefill 6378 system + 15 suffix tokens (hash=ab12)"

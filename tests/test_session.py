@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from bench.session import (
+from stable_prefix.bench.session import (
     CHARS_PER_TOKEN,
     EXPLORE_LANE,
     GENERAL_LANE,

@@ -6,13 +6,13 @@ import logging
 from pathlib import Path
 
 import pytest
+from fixtures import claude_code
 from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
-from addons import strip_billing
-from addons.request_body import FLOW_NOTES
-from addons.strip_billing import StripBilling
-from fixtures import claude_code
+from stable_prefix.addons import strip_billing
+from stable_prefix.addons.request_body import FLOW_NOTES
+from stable_prefix.addons.strip_billing import StripBilling
 
 SCRIPT = Path(__file__).resolve().parents[1] / "addons" / "strip_billing.py"
 

@@ -14,11 +14,11 @@ import pytest
 from mitmproxy import exceptions
 from mitmproxy.test import taddons, tflow, tutils
 
-from addons import toolcall_stream
-from addons.sse_events import SSEParser, format_event
-from addons.text_tool_calls import HERMES, Text, ToolCall, ToolCallScanner
-from addons.toolcall_anthropic import AnthropicStreamRewriter, rewrite_message
-from addons.toolcall_openai import OpenAIStreamRewriter, rewrite_completion
+from stable_prefix.addons import toolcall_stream
+from stable_prefix.addons.sse_events import SSEParser, format_event
+from stable_prefix.addons.text_tool_calls import HERMES, Text, ToolCall, ToolCallScanner
+from stable_prefix.addons.toolcall_anthropic import AnthropicStreamRewriter, rewrite_message
+from stable_prefix.addons.toolcall_openai import OpenAIStreamRewriter, rewrite_completion
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
 CHUNK_SIZES = [1, 2, 3, 5, 8, 13, 64, 100_000]

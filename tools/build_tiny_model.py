@@ -9,7 +9,7 @@ machine. The model talks nonsense, but it is a real `qwen2` model: mlx-lm
 loads it and vllm-mlx serves it, its KV cache has the real shape, and its
 replies end with <|im_end|> after about 40 tokens (see make_replies_end).
 
-    python tools/build_tiny_model.py --out build/tiny-model [--preset default]
+    python -m stable_prefix.tools.build_tiny_model --out build/tiny-model [--preset default]
 
 Prefill cost on a CPU grows with the square of the prompt length (attention),
 so the presets trade realism for speed; see PRESETS.
@@ -196,7 +196,7 @@ def byte_to_unicode() -> dict[int, str]:
 
 def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     ranks: dict[bytes, int] = {}
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+    for line in path.read_text().splitlines():
         if not line:
             continue
         token, rank = line.split()

@@ -7,8 +7,8 @@ dummy API key approved and the working directory trusted, so no dialog waits
 for a keypress) and working directory, so nothing of the user's own Claude Code
 set-up is read or changed.
 
-    python tools/claude_code.py install          # idempotent; prints the binary and its version
-    python tools/claude_code.py run --base-url http://127.0.0.1:8080 -- -p "hello"
+    python -m stable_prefix.tools.claude_code install          # idempotent; prints the binary and its version
+    python -m stable_prefix.tools.claude_code run --base-url http://127.0.0.1:8080 -- -p "hello"
 
 Two ways to drive it:
 - `ClaudeCode.print_turn()`: `claude -p` (and `--continue` for later turns), one

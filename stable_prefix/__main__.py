@@ -1,0 +1,5 @@
+import sys
+
+from stable_prefix.cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""`stable-prefix COMMAND ...`: the project's one command line.
+
+Each command belongs to the package that owns the idea; this module only
+dispatches, so `python -m stable_prefix.<package>` and `stable-prefix` run the
+same code.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+def _serve(argv: list[str]) -> int:
+    from stable_prefix.engine_patch.__main__ import main
+
+    main(["serve", *argv])
+    return 0
+
+
+def _captures(command: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        from stable_prefix.captures.cli import main
+
+        return main([command, *argv])
+
+    return run
+
+
+# command -> (one-line help, runner taking the remaining arguments)
+COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "serve": ("the patched vllm-mlx server: serve MODEL [--prefix-cache-bytes SIZE] [vllm-mlx flags]", _serve),
+    "diff": ("compare two captured requests: diff A.json B.json [--normalized] [--json]", _captures("diff")),
+    "report": ("per-lane prefix report of a capture folder: report DIR [--json]", _captures("report")),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name.ljust(width)}  {help_text}" for name, (help_text, _) in COMMANDS.items()]
+    return "usage: stable-prefix COMMAND [ARGS]\n\ncommands:\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    command = COMMANDS.get(argv[0])
+    if command is None:
+        print(f"stable-prefix: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    return command[1](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
