@@ -219,7 +219,7 @@ class Capture:
         api = api_of(flow.request)
         lane, diagnosis = stripped.get("lane"), stripped.get("diagnosis")
         if lane is None and isinstance(client_body, dict) and isinstance(forwarded_body, dict):
-            result = self.diagnosis.observe(PromptSnapshot.of(client_body, api), forwarded_body)
+            result = self.diagnosis.observe(PromptSnapshot.of(client_body, api, flow.request.headers), forwarded_body)
             lane, diagnosis = result.lane, result.to_json()
         return {
             "format": RECORD_FORMAT,

@@ -1,4 +1,5 @@
-"""Per-lane prefix diagnosis: how much of the previous prompt a request keeps.
+"""Per-lane prefix diagnosis: how much of the previous prompt a request keeps,
+and why not, when it does not.
 
 What is compared: each request against the previous request of its lane, in
 prompt order (`prompt_order.py`), as the backend receives it, i.e. after the
@@ -6,27 +7,54 @@ addon's rules ran. That is what decides whether a prefix cache can hit.
 
 What is explained: the same pair is also compared as the client sent it. When
 that raw pair broke at a place an enabled rule removed (the rotating billing
-header, a system message the backend would hoist), the line says so ("raw
-broke at ... (billing header; stripped)"): the rule earned its keep. When the
-forwarded pair itself broke at a place a *disabled* rule would have removed
-(a new date line with drop_date_line off), that rule is named as the cause.
-Other breaks are left unexplained: a `/clear` (new conversation), an edited
-system prompt, a changed tool set.
+header, a system message the backend would hoist, a tool ToolSearch loaded),
+the line says so ("raw broke at ... (billing header; stripped)"): the rule
+earned its keep. Every break of the forwarded pair gets a `cause`:
+
+  <label>; <option> off   a disabled rule's subject sits where it broke
+  environment             a line naming the working directory, platform,
+                          model or date changed
+  compaction              the conversation restarted in the same session
+                          (`x-claude-code-session-id`), or with the empty
+                          system message Claude Code sends after /compact
+  new conversation        the main agent's conversation restarted (a new
+                          session, `/clear`)
+  new task                a subagent or side lane's conversation restarted
+                          (its first message differs)
+  unexplained             anything else: an edited system prompt, a changed
+                          tool set
+
+"Restarted" means it broke before the previous request's first assistant
+message. For a lane's first request and for every break, the longest prefix
+shared with any of the last `RECENT_REQUESTS` requests of any lane is given
+too: what a cache that keeps every lane could still reuse.
 
     lane main · prefix stable 92,476/92,625 B (99.8%) · first change messages[12] · raw broke at system[0].text byte 47 (billing header; stripped)
-    lane main · prefix broke at system[1].text byte 310 · stable 310/9,512 B (3.3%)
-    lane side:title · first request · 402 B
+    lane main · prefix broke at messages[1].content[0].text byte 48,638 (new conversation) · stable 48,638/49,642 B (98.0%)
+    lane sub:9c1e2a@a7268d94 · first request · 22,232 B · 21,310/22,232 B (95.9%) shared with lane sub:9c1e2a@aac66025 #1
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from stable_prefix.addons import normalize
-from stable_prefix.addons.lanes import LaneNames, LaneSignature, lane_signature
-from stable_prefix.addons.normalize import RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change
+from stable_prefix.addons.lanes import SESSION_ID_HEADER, LaneNames, LaneSignature, header, lane_group, lane_signature
+from stable_prefix.addons.normalize import GIT_STATUS, LOADED_TOOLS, RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change, Rules
 from stable_prefix.addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
+
+ENVIRONMENT = "environment"
+COMPACTION = "compaction"
+NEW_CONVERSATION = "new conversation"
+NEW_TASK = "new task"
+UNEXPLAINED = "unexplained"
+# How many earlier requests (all lanes) a first request or a break is compared
+# with for cross-conversation reuse. Each is held as its prompt order (about
+# the size of the request body), so memory stays bounded: ~32 bodies.
+RECENT_REQUESTS = 32
 
 
 @dataclass(frozen=True)
@@ -37,10 +65,14 @@ class PromptSnapshot:
     api: Api
     order: PromptOrder
     signature: LaneSignature
+    session: str | None = None  # `x-claude-code-session-id`
+    empty_system_message: bool = False  # what Claude Code 2.1.3xx sends after /compact
 
     @classmethod
-    def of(cls, body: dict, api: Api) -> PromptSnapshot:
-        return cls(api, prompt_order(body, api), lane_signature(body, api))
+    def of(cls, body: dict, api: Api, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        empty = any(isinstance(m, dict) and m.get("role") == "system" and m.get("content") in ("", []) for m in messages)
+        return cls(api, prompt_order(body, api), lane_signature(body, api, headers), header(headers, SESSION_ID_HEADER), empty)
 
 
 @dataclass(frozen=True)
@@ -55,6 +87,26 @@ class Neutralized:
 
 
 @dataclass(frozen=True)
+class SharedPrefix:
+    """The longest prefix a request shares with a recent earlier request of any lane."""
+
+    lane: str
+    request_in_lane: int
+    stable_prefix_bytes: int
+    total_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.stable_prefix_bytes / self.total_bytes if self.total_bytes else 1.0
+
+    def note(self) -> str:
+        return f"{self.stable_prefix_bytes:,}/{self.total_bytes:,} B ({self.ratio:.1%}) shared with lane {self.lane} #{self.request_in_lane}"
+
+    def to_json(self) -> dict:
+        return {"lane": self.lane, "request_in_lane": self.request_in_lane, "stable_prefix_bytes": self.stable_prefix_bytes, "stable_prefix_ratio": round(self.ratio, 6)}
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     lane: str
     request_in_lane: int  # 1 for the first request of its lane
@@ -62,6 +114,8 @@ class Diagnosis:
     total_bytes: int
     explained_by: str | None = None  # rule behind the forwarded break (a disabled one)
     neutralized: Neutralized | None = None
+    cause: str | None = None  # why the prefix broke (None: it did not)
+    shared: SharedPrefix | None = None  # for a first request or a break: the best earlier match
 
     @property
     def prefix_broke(self) -> bool:
@@ -72,6 +126,8 @@ class Diagnosis:
         comparison = self.comparison
         if comparison is None:
             parts.append(f"first request · {self.total_bytes:,} B")
+            if self.shared and self.shared.stable_prefix_bytes:
+                parts.append(self.shared.note())
         else:
             share = f"{comparison.stable_prefix_bytes:,}/{comparison.total_bytes:,} B ({comparison.stable_prefix_ratio:.1%})"
             divergence = comparison.first_divergence
@@ -80,8 +136,9 @@ class Diagnosis:
             elif comparison.prefix_kept:
                 parts += [f"prefix stable {share}", f"first change {divergence.path}"]
             else:
-                cause = f" ({rule_note(self.explained_by, applied=False)})" if self.explained_by else ""
-                parts += [f"prefix broke at {divergence.path} byte {divergence.byte_offset:,}{cause}", f"stable {share}"]
+                parts += [f"prefix broke at {divergence.path} byte {divergence.byte_offset:,} ({self.cause})", f"stable {share}"]
+                if self.shared and self.shared.stable_prefix_bytes > comparison.stable_prefix_bytes:
+                    parts.append(self.shared.note())
         if self.neutralized:
             where = self.neutralized.divergence
             parts.append(f"raw broke at {where.path} byte {where.byte_offset:,} ({rule_note(self.neutralized.rule, applied=True)})")
@@ -100,6 +157,8 @@ class Diagnosis:
             "stable_prefix_ratio": round(comparison.stable_prefix_ratio, 6) if comparison else 0.0,
             "prefix_kept": comparison.prefix_kept if comparison else None,
             "explained_by": self.explained_by,
+            "cause": self.cause,
+            "shared_with_earlier": self.shared.to_json() if self.shared else None,
             "neutralized": self.neutralized.to_json() if self.neutralized else None,
             "line": self.line(),
         }
@@ -116,18 +175,28 @@ def rule_note(rule: str, *, applied: bool) -> str:
 def untouched_segments(client: PromptSnapshot, changes: list[Change]) -> dict[str, Segment]:
     """The client's segments that the changes cannot have altered or moved.
     Conservative: a change anywhere in `system` or `tools` counts for all of
-    it (blocks may have been removed or reordered), and on the OpenAI path a
-    change to any message counts for all messages (one may have been removed)."""
+    it (blocks may have been removed or reordered); on the OpenAI path a
+    change to any message counts for all messages (one may have been
+    removed); moving initial context shifts every message up to the last one
+    moved."""
     touched = {change.path.split("[", 1)[0].split(".", 1)[0] for change in changes if not change.path.startswith("messages[")}
-    touched_messages = {change.path.split("]", 1)[0] + "]" for change in changes if change.path.startswith("messages[")}
+    touched_messages = {_path_index(change.path) for change in changes if change.path.startswith("messages[")}
+    moved = [_path_index(change.path) for change in changes if change.rule == normalize.INITIAL_CONTEXT]
+    if moved:
+        touched_messages |= set(range(max(moved) + 1))
     if client.api == "openai" and touched_messages:
         touched.add("messages")
 
     def untouched(path: str) -> bool:
         top = path.split("[", 1)[0]
-        return top not in touched and not (top == "messages" and path in touched_messages)
+        return top not in touched and not (top == "messages" and _path_index(path) in touched_messages)
 
     return {segment.path: segment for segment in client.order.segments if untouched(segment.path)}
+
+
+def _path_index(path: str) -> int:
+    """`messages[12].content` -> 12."""
+    return int(path[path.index("[") + 1 : path.index("]")])
 
 
 def explain(previous: PromptOrder, current: PromptOrder, divergence: Divergence, api: Api) -> str | None:
@@ -136,21 +205,44 @@ def explain(previous: PromptOrder, current: PromptOrder, divergence: Divergence,
     pair = [(order, order.segments[index]) for order in (previous, current) if index < len(order.segments)]
     for _, segment in pair:
         if _is_system_text(segment):
-            offset = divergence.offset_in_segment
-            rule = normalize.rule_for_line(line_at(segment, min(offset, max(len(segment.data) - 1, 0))))
+            offset = min(divergence.offset_in_segment, max(len(segment.data) - 1, 0))
+            rule = normalize.rule_for_line(line_at(segment, offset))
             if rule:
                 return rule
+            if _in_git_status(segment, offset):
+                return GIT_STATUS
     if any(_is_mid_conversation_system_message(order, segment, api) for order, segment in pair):
         return SYSTEM_MESSAGES
     if any(segment.path.startswith("tools[") for _, segment in pair):
         before, after = _tool_names(previous), _tool_names(current)
         if before != after and sorted(before) == sorted(after):
             return TOOL_ORDER
+        if set(after) - set(before) and set(after) - set(before) <= _loaded_tools(current, api):
+            return LOADED_TOOLS
     return None
 
 
+def _in_git_status(segment: Segment, offset: int) -> bool:
+    text = segment.data.decode("utf-8", "replace")
+    start = normalize.git_status_start(text)
+    return start is not None and offset >= len(text[:start].encode("utf-8", "surrogatepass"))
+
+
+def _loaded_tools(order: PromptOrder, api: Api) -> set[str]:
+    """Deferred tools of a prompt that a tool_reference in it loaded."""
+    body = _body_of(order)
+    return normalize.deferred_tool_names(body, api) & normalize.tool_reference_names(body, api)
+
+
+def _body_of(order: PromptOrder) -> dict:
+    """The tools and messages of a prompt order, as a body (canonical values)."""
+    tools = [s.value for s in order.segments if s.path.startswith("tools[")]
+    messages = [s.value for s in sorted((s for s in order.segments if s.path.startswith("messages[")), key=lambda s: _path_index(s.path))]
+    return {"tools": tools, "messages": messages}
+
+
 def _message_index(segment: Segment) -> int | None:
-    return int(segment.path[len("messages[") : segment.path.index("]")]) if segment.path.startswith("messages[") else None
+    return _path_index(segment.path) if segment.path.startswith("messages[") else None
 
 
 def _is_mid_conversation_system_message(order: PromptOrder, segment: Segment, api: Api) -> bool:
@@ -175,25 +267,82 @@ def _tool_names(order: PromptOrder) -> list[str]:
     return [normalize.tool_names({"tools": [s.value]})[0] for s in order.segments if s.path.startswith("tools[")]
 
 
+def _restarts_conversation(previous: PromptOrder, divergence: Divergence) -> bool:
+    """The break lies in the conversation, before the previous request's
+    first assistant message: the conversation began anew."""
+    segments = previous.segments
+    first_assistant = next((i for i, s in enumerate(segments) if isinstance(s.value, dict) and s.value.get("role") == "assistant"), len(segments))
+    in_conversation = divergence.segment_index < len(segments) and _message_index(segments[divergence.segment_index]) is not None
+    in_conversation = in_conversation and not _is_system_text(segments[divergence.segment_index])
+    return in_conversation and divergence.segment_index <= first_assistant
+
+
+def _changed_lines(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> list[str]:
+    """The line of text, in each prompt, where they first differ (none when
+    the difference is not inside a text, e.g. a message added or removed)."""
+    index = divergence.segment_index
+    if index >= len(previous.segments) or index >= len(current.segments):
+        return []
+    before, after = _first_difference(previous.segments[index].value, current.segments[index].value)
+    if not (isinstance(before, str) and isinstance(after, str)):
+        return []
+    at = next((i for i, (x, y) in enumerate(zip(before, after, strict=False)) if x != y), min(len(before), len(after)))
+    return [_line_around(before, at), _line_around(after, at)]
+
+
+def _line_around(text: str, at: int) -> str:
+    start = text.rfind("\n", 0, at) + 1
+    end = text.find("\n", at)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def _first_difference(before: Any, after: Any) -> tuple[Any, Any]:
+    """The two values at the first place two JSON values differ, walking keys
+    in sorted order as they are serialized."""
+    while True:
+        if isinstance(before, dict) and isinstance(after, dict):
+            key = next((k for k in sorted(set(before) | set(after)) if before.get(k, _MISSING) != after.get(k, _MISSING)), None)
+            if key is None or key not in before or key not in after:
+                return before, after
+            before, after = before[key], after[key]
+        elif isinstance(before, list) and isinstance(after, list):
+            index = next((i for i in range(min(len(before), len(after))) if before[i] != after[i]), None)
+            if index is None:
+                return before, after
+            before, after = before[index], after[index]
+        else:
+            return before, after
+
+
+_MISSING = object()
+
+
 @dataclass
 class LaneState:
     raw: PromptOrder
     forwarded: PromptOrder
+    session: str | None = None
     requests: int = 0
     compared: int = 0
     kept: int = 0
     stable_bytes: int = 0
     total_bytes: int = 0
-    breaks: Counter = field(default_factory=Counter)  # cause -> count ("unexplained" for none)
+    breaks: Counter = field(default_factory=Counter)  # cause -> count
     neutralized: Counter = field(default_factory=Counter)
 
 
 class PrefixDiagnosis:
-    """Follows every lane of a session; one `observe()` per request, in order."""
+    """Follows every lane of a session; one `observe()` per request, in order.
 
-    def __init__(self) -> None:
+    `rules`: the rules the forwarded bodies went through, when known (the
+    addon knows them; a folder of captures does not): a break is then never
+    blamed on a rule that was on."""
+
+    def __init__(self, rules: Rules | None = None) -> None:
+        self.rules = rules
         self.lane_names = LaneNames()
         self.lanes: dict[str, LaneState] = {}
+        self.recent: deque[tuple[str, int, PromptOrder]] = deque(maxlen=RECENT_REQUESTS)
 
     def observe(
         self, client: PromptSnapshot, forwarded_body: dict, lane: str | None = None, changes: list[Change] | None = None
@@ -207,35 +356,69 @@ class PrefixDiagnosis:
         forwarded = prompt_order(forwarded_body, client.api, reuse)
         state = self.lanes.get(lane)
         if state is None:
-            state = self.lanes[lane] = LaneState(client.order, forwarded, requests=1)
-            return Diagnosis(lane, 1, None, forwarded.total_bytes)
+            self.lanes[lane] = LaneState(client.order, forwarded, client.session, requests=1)
+            return self._remember(Diagnosis(lane, 1, None, forwarded.total_bytes, shared=self._best_earlier(forwarded)), forwarded)
         comparison = compare(state.forwarded, forwarded)
-        explained_by = None
+        explained_by = cause = shared = None
         if not comparison.prefix_kept:
             explained_by = explain(state.forwarded, forwarded, comparison.first_divergence, client.api)
+            if explained_by and self.rules is not None and self.rules.enabled(explained_by):
+                explained_by = None  # its rule ran: the break is not its subject's
+            cause = self._cause(lane, state, client, forwarded, comparison.first_divergence, explained_by)
+            shared = self._best_earlier(forwarded)
         neutralized = None
         raw_comparison = compare(state.raw, client.order)
         if not raw_comparison.prefix_kept:
             rule = explain(state.raw, client.order, raw_comparison.first_divergence, client.api)
             # A rule that explains the client's break but not the forwarded
             # one removed it (when its option is off, both breaks are its).
-            if rule and rule != explained_by:
+            if rule and rule != explained_by and (self.rules is None or self.rules.enabled(rule)):
                 neutralized = Neutralized(rule, raw_comparison.first_divergence)
-        state.raw, state.forwarded = client.order, forwarded
+        previous_session = state.session
+        state.raw, state.forwarded, state.session = client.order, forwarded, client.session or previous_session
         state.requests += 1
         state.compared += 1
         state.kept += comparison.prefix_kept
         state.stable_bytes += comparison.stable_prefix_bytes
         state.total_bytes += comparison.total_bytes
-        if not comparison.prefix_kept:
-            state.breaks[explained_by or "unexplained"] += 1
+        if cause:
+            state.breaks[cause] += 1
         if neutralized:
             state.neutralized[neutralized.rule] += 1
-        return Diagnosis(lane, state.requests, comparison, forwarded.total_bytes, explained_by, neutralized)
+        result = Diagnosis(lane, state.requests, comparison, forwarded.total_bytes, explained_by, neutralized, cause, shared)
+        return self._remember(result, forwarded)
+
+    def _cause(self, lane: str, state: LaneState, client: PromptSnapshot, forwarded: PromptOrder, divergence: Divergence, explained_by: str | None) -> str:
+        if explained_by:
+            return rule_note(explained_by, applied=False)
+        if any(normalize.is_environment_line(line) for line in _changed_lines(state.forwarded, forwarded, divergence)):
+            return ENVIRONMENT
+        if not _restarts_conversation(state.forwarded, divergence):
+            return UNEXPLAINED
+        is_main = lane_group(lane).startswith("main")
+        same_session = client.session is not None and client.session == state.session
+        if client.empty_system_message or (is_main and same_session):
+            return COMPACTION
+        return NEW_CONVERSATION if is_main else NEW_TASK
+
+    def _best_earlier(self, forwarded: PromptOrder) -> SharedPrefix | None:
+        """The longest prefix shared with any recent request (the latest of equals)."""
+        best = None
+        for lane, number, order in self.recent:
+            stable = compare(order, forwarded).stable_prefix_bytes
+            if best is None or stable >= best.stable_prefix_bytes:
+                best = SharedPrefix(lane, number, stable, forwarded.total_bytes)
+        return best
+
+    def _remember(self, result: Diagnosis, forwarded: PromptOrder) -> Diagnosis:
+        self.recent.append((result.lane, result.request_in_lane, forwarded))
+        return result
 
     def totals(self) -> dict[str, dict]:
+        """Per lane; `breaks` counts them by cause, `group` is the type lane an instance lane belongs to."""
         return {
             lane: {
+                "group": lane_group(lane),
                 "requests": state.requests,
                 "compared": state.compared,
                 "prefix_kept": state.kept,
@@ -249,18 +432,39 @@ class PrefixDiagnosis:
             for lane, state in self.lanes.items()
         }
 
-    def summary_lines(self) -> list[str]:
-        lines = []
+    def group_totals(self) -> dict[str, dict]:
+        """The lanes of each subagent type with more than one instance, added up."""
+        groups: dict[str, dict] = {}
         for lane, total in self.totals().items():
-            line = f"lane {lane} · {total['requests']} requests"
-            if total["compared"]:
-                line += (
-                    f" · prefix kept {total['prefix_kept']}/{total['compared']}"
-                    f" · {total['stable_prefix_bytes']:,}/{total['total_bytes']:,} B stable ({total['stable_prefix_ratio']:.1%})"
-                )
-            if total["breaks"]:
-                line += " · breaks: " + ", ".join(f"{cause} ×{count}" for cause, count in sorted(total["breaks"].items()))
-            if total["neutralized"]:
-                line += " · fixed by rules: " + ", ".join(f"{rule} ×{count}" for rule, count in sorted(total["neutralized"].items()))
-            lines.append(line)
+            if total["group"] == lane:
+                continue
+            group = groups.setdefault(total["group"], {"instances": 0, "breaks": Counter(), "neutralized": Counter()})
+            group["instances"] += 1
+            for key in ("requests", "compared", "prefix_kept", "prefix_broke", "stable_prefix_bytes", "total_bytes"):
+                group[key] = group.get(key, 0) + total[key]
+            group["breaks"].update(total["breaks"])
+            group["neutralized"].update(total["neutralized"])
+        for group in groups.values():
+            group["stable_prefix_ratio"] = round(group["stable_prefix_bytes"] / group["total_bytes"], 6) if group["total_bytes"] else None
+            group["breaks"], group["neutralized"] = dict(group["breaks"]), dict(group["neutralized"])
+        return groups
+
+    def summary_lines(self) -> list[str]:
+        lines = [f"lane {lane} · {total['requests']} requests" + _summary_tail(total) for lane, total in self.totals().items()]
+        for group, total in self.group_totals().items():
+            lines.append(f"lanes {group}@* · {total['instances']} instances · {total['requests']} requests" + _summary_tail(total))
         return lines
+
+
+def _summary_tail(total: dict) -> str:
+    tail = ""
+    if total["compared"]:
+        tail += (
+            f" · prefix kept {total['prefix_kept']}/{total['compared']}"
+            f" · {total['stable_prefix_bytes']:,}/{total['total_bytes']:,} B stable ({total['stable_prefix_ratio']:.1%})"
+        )
+    if total["breaks"]:
+        tail += " · breaks: " + ", ".join(f"{cause} ×{count}" for cause, count in sorted(total["breaks"].items()))
+    if total["neutralized"]:
+        tail += " · fixed by rules: " + ", ".join(f"{rule} ×{count}" for rule, count in sorted(total["neutralized"].items()))
+    return tail

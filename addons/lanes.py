@@ -6,18 +6,25 @@ and side requests such as the conversation title (no tools, a short system
 prompt of its own). A prefix cache sees each as its own line of prompts, so a
 sub-agent call must not count as a break of the main lane.
 
-A lane is identified by its signature: the sorted tool names and the opening
-(first `OPENING_CHARS` characters) of each system text piece, with billing
-and date lines left out. The opening is what a `/clear` leaves unchanged (the
-git status it refreshes sits at the end of the long instruction block), so a
-new conversation of the same agent stays in its lane, and its break shows.
+A lane is identified by its signature: the sorted tool names (deferred tools
+that ToolSearch loads mid-conversation left out) and the opening (first
+`OPENING_CHARS` characters) of each system text piece, with billing and date
+lines and a git status paragraph left out. The opening is what a `/clear`
+leaves unchanged, so a new conversation of the same agent stays in its lane,
+and its break shows. A request that names its subagent instance (Claude Code
+2.1.3xx sends `x-claude-code-agent-id`; instances of one type run
+concurrently) gets a lane of its own, `<type lane>@<instance>`, grouped under
+its type's lane for reporting.
 
 Names, assigned in order of first appearance:
   main          requests with tools that can start sub-agents (`Task`/`Agent`),
                 or the first lane with tools when none can; `main-<hash>` for
                 a second such signature (e.g. after an MCP server added tools)
   sub:<hash>    other requests with tools; the billing header's
-                `cc_is_subagent=true`, when present, also says so
+                `cc_is_subagent=true`, when present, also says so, and so
+                does an agent id header
+  sub:<hash>@<id>  one instance of that subagent type (first 8 characters of
+                its agent id)
   side:title    requests without tools that ask for a title (a `title` field
                 in their output schema, or the word in their system prompt)
   side:<hash>   other requests without tools
@@ -29,12 +36,16 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stable_prefix.addons.normalize import Api, is_billing_line, is_date_line, system_texts, tool_names
+from stable_prefix.addons.normalize import Api, deferred_tool_names, git_status_start, is_billing_line, is_date_line, system_texts, tool_names
 
 OPENING_CHARS = 256
+INSTANCE_CHARS = 8
 AGENT_TOOLS = frozenset({"Task", "Agent"})
+AGENT_ID_HEADER = "x-claude-code-agent-id"
+SESSION_ID_HEADER = "x-claude-code-session-id"
 _SUBAGENT_FIELD = re.compile(r"\bcc_is_subagent=true\b")
 _TITLE = re.compile(r"\btitle\b", re.IGNORECASE)
 
@@ -46,9 +57,11 @@ class LaneSignature:
     # Hints for naming only, not identity:
     says_subagent: bool = False  # from the billing header, when the body still has it
     asks_for_title: bool = False  # its structured-output schema has a `title` field
+    instance: str | None = None  # the subagent instance's agent id, when the request names it
 
     @property
     def identity(self) -> LaneSignature:
+        """The lane's type: what its name is made from (hints and instance aside)."""
         return LaneSignature(self.tools, self.opening)
 
     @property
@@ -61,10 +74,29 @@ class LaneSignature:
         return bool(AGENT_TOOLS & set(self.tools))
 
 
-def lane_signature(body: dict, api: Api) -> LaneSignature:
+def header(headers: Mapping[str, str] | None, name: str) -> str | None:
+    """A request header, whatever the case of its name (capture records keep
+    them lower-case; mitmproxy's Headers are case-insensitive)."""
+    if not headers:
+        return None
+    value = headers.get(name)
+    if value is None and isinstance(headers, dict):
+        value = next((v for k, v in headers.items() if k.lower() == name), None)
+    return value or None
+
+
+def lane_group(lane: str) -> str:
+    """The type lane an instance lane belongs to (`sub:1a2b3c@ab12cd34` -> `sub:1a2b3c`)."""
+    return lane.split("@", 1)[0]
+
+
+def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = None) -> LaneSignature:
     openings = []
-    says_subagent = False
+    agent_id = header(headers, AGENT_ID_HEADER)
+    says_subagent = agent_id is not None
     for text in system_texts(body, api):
+        git_status = git_status_start(text)
+        text = text if git_status is None else text[:git_status].rstrip("\n")  # as relocate_git_status leaves it
         if "cc_is_subagent=true" in text:
             says_subagent = says_subagent or any(is_billing_line(line) and _SUBAGENT_FIELD.search(line) for line in text.splitlines())
         kept, size = [], 0
@@ -76,7 +108,10 @@ def lane_signature(body: dict, api: Api) -> LaneSignature:
                 size += len(line) + 1
         if kept:
             openings.append("\n".join(kept)[:OPENING_CHARS])
-    return LaneSignature(tuple(sorted(tool_names(body))), "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body))
+    deferred = deferred_tool_names(body, api)
+    tools = tuple(sorted(name for name in tool_names(body) if name not in deferred))
+    instance = agent_id[:INSTANCE_CHARS] if agent_id else None
+    return LaneSignature(tools, "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body), instance)
 
 
 def _output_schema_fields(body: dict) -> set[str]:
@@ -106,7 +141,8 @@ class LaneNames:
         key = signature.identity
         if key not in self._names:
             self._names[key] = self._new_name(signature)
-        return self._names[key]
+        name = self._names[key]
+        return f"{name}@{signature.instance}" if signature.instance else name
 
     def _new_name(self, signature: LaneSignature) -> str:
         taken = set(self._names.values())

@@ -13,10 +13,27 @@ Rules that keep the prompt prefix stable:
   billing_header   drop Claude Code's `x-anthropic-billing-header: ...` from the
                    system prompt (it rotates per conversation, sub-agent call
                    or even per request, and it sits at byte 0 of the prompt).
+  git_status       move a git status paragraph (`gitStatus: ...` to the end of
+                   its system text block; older Claude Code releases) out of
+                   the system prompt into a <system-reminder> at the start of
+                   the first user message: it changes with every commit and
+                   sat before the tools.
+  initial_context  move the `role:"system"` messages that come before any
+                   assistant message (Claude Code 2.1.3xx sends its
+                   environment so, behind the git status) to just before the
+                   first user message, rewritten as below: a new conversation
+                   in the same repository then shares system, tools and that
+                   context, and parts only at the first user message.
   system_messages  rewrite `role:"system"` items inside `messages` into user
                    messages wrapped in <system-reminder>, because vllm-mlx
                    hoists system messages to the front of the prompt: a new
-                   one at the tail would otherwise change the prefix.
+                   one at the tail would otherwise change the prefix. Empty
+                   ones too.
+  loaded_tools     a deferred tool (`defer_loading`) that a `tool_reference`
+                   in a tool result loaded (ToolSearch) is taken out of
+                   `tools` and its schema written into that tool result as
+                   text, so `tools`, rendered before the whole history, stays
+                   what the conversation started with.
   date_line        (off by default) drop a `Today's date is ...` line from the
                    system prompt; it changes once a day.
   tool_order       (off by default) sort `tools` by name.
@@ -28,6 +45,7 @@ Compatibility rules (not about the prefix; a self-hosted server needs them):
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -42,11 +60,16 @@ BILLING_HEADER = "billing_header"
 SYSTEM_MESSAGES = "system_messages"
 DATE_LINE = "date_line"
 TOOL_ORDER = "tool_order"
+GIT_STATUS = "git_status"
+INITIAL_CONTEXT = "initial_context"
+LOADED_TOOLS = "loaded_tools"
 MODEL = "model"
 MAX_TOKENS = "max_tokens"
 
-# The rules that change bytes of the prompt itself, in the order they run.
-PROMPT_RULES = (BILLING_HEADER, SYSTEM_MESSAGES, DATE_LINE, TOOL_ORDER)
+# The rules that change bytes of the prompt itself, in the order they run. The
+# git status goes into the first user message before the initial context is
+# put in front of that message.
+PROMPT_RULES = (BILLING_HEADER, GIT_STATUS, INITIAL_CONTEXT, SYSTEM_MESSAGES, LOADED_TOOLS, DATE_LINE, TOOL_ORDER)
 
 # For messages: how a user would call the rule, and the option that switches it.
 RULE_LABEL = {
@@ -54,13 +77,33 @@ RULE_LABEL = {
     SYSTEM_MESSAGES: ("system message", "rewritten", "rewrite_system_messages"),
     DATE_LINE: ("date line", "dropped", "drop_date_line"),
     TOOL_ORDER: ("tool order", "sorted", "sort_tools"),
+    GIT_STATUS: ("git status", "moved to the first user message", "relocate_git_status"),
+    INITIAL_CONTEXT: ("initial system message", "moved before the first user message", "lead_with_stable_context"),
+    LOADED_TOOLS: ("loaded tool", "inlined", "inline_loaded_tools"),
 }
 
 # A line that *starts* with the header; a mention mid-sentence is not one.
 _BILLING_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:", re.IGNORECASE)
 _DATE_LINE = re.compile(r"^[ \t]*Today's date is\b")
+# Where a git status paragraph starts: a line opening with `gitStatus:`. It
+# runs to the end of its text block (the status itself holds blank lines, and
+# releases that send it put it last in the system prompt).
+_GIT_STATUS_LINE = re.compile(r"^[ \t]*gitStatus:", re.MULTILINE)
+# Lines of an environment description that differ by repository, machine,
+# model or day (the `environment` cause of a break; no rule removes them).
+_ENVIRONMENT_LINE = re.compile(
+    r"^[ \t]*(?:-[ \t]*)?(?:Today's date\b|(?:Primary )?working directory\b|Platform:|OS Version:|Shell:"
+    r"|Is (?:a git repository|directory a git repo)\b)"
+    r"|\bmodel (?:named|ID)\b|\bpowered by the model\b",
+    re.IGNORECASE,
+)
 SYSTEM_REMINDER_OPEN = "<system-reminder>\n"
 SYSTEM_REMINDER_CLOSE = "\n</system-reminder>"
+# How an inlined tool's schema reads in the tool result that loaded it: the
+# encoding ToolSearch itself promises for its results.
+INLINED_TOOLS_OPEN = "<functions>\n"
+INLINED_TOOLS_CLOSE = "</functions>"
+_INLINED_FUNCTION = re.compile(r"^<function>(\{.*\})</function>$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -80,6 +123,9 @@ class Rules:
 
     strip_billing_header: bool = True
     rewrite_system_messages: bool = True
+    relocate_git_status: bool = True
+    lead_with_stable_context: bool = True
+    inline_loaded_tools: bool = True
     drop_date_line: bool = False
     sort_tools: bool = False
     # (fnmatch pattern, served model name); the first matching pattern wins.
@@ -90,6 +136,9 @@ class Rules:
         return {
             BILLING_HEADER: self.strip_billing_header,
             SYSTEM_MESSAGES: self.rewrite_system_messages,
+            GIT_STATUS: self.relocate_git_status,
+            INITIAL_CONTEXT: self.lead_with_stable_context,
+            LOADED_TOOLS: self.inline_loaded_tools,
             DATE_LINE: self.drop_date_line,
             TOOL_ORDER: self.sort_tools,
             MODEL: bool(self.model_map),
@@ -119,6 +168,18 @@ def is_billing_line(line: str) -> bool:
 
 def is_date_line(line: str) -> bool:
     return bool(_DATE_LINE.match(line))
+
+
+def is_environment_line(line: str) -> bool:
+    """A line naming the working directory, platform, model or date."""
+    return bool(_ENVIRONMENT_LINE.search(line))
+
+
+def git_status_start(text: str) -> int | None:
+    """Where the git status paragraph of a system text starts (a character
+    offset), or None when it has none."""
+    match = _GIT_STATUS_LINE.search(text)
+    return match.start() if match else None
 
 
 def parse_model_map(spec: str) -> tuple[tuple[str, str], ...]:
@@ -260,6 +321,8 @@ def _wrap_reminder(content: Any) -> Any | None:
         if content.startswith("<system-reminder>"):
             return content
         return SYSTEM_REMINDER_OPEN + content + SYSTEM_REMINDER_CLOSE
+    if content == []:  # Claude Code sends `[]` after /compact; empty is still a system message to hoist
+        return [{"type": "text", "text": SYSTEM_REMINDER_OPEN + SYSTEM_REMINDER_CLOSE}]
     if isinstance(content, list) and content and all(_is_text_block(block) for block in content):
         # Keep the blocks (and their cache_control); wrap around all of them.
         blocks = [dict(block) for block in content]
@@ -298,6 +361,249 @@ def rewrite_system_messages(body: dict, api: Api) -> list[Change]:
         message["role"] = "user"
         message["content"] = wrapped
     return changes
+
+
+def _first_user_index(messages: list) -> int | None:
+    return next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
+
+
+def _as_blocks(content: Any) -> list | None:
+    """Message content as a list of blocks (a string is one text block), or
+    None for a shape we do not touch."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else None
+
+
+def relocate_git_status(body: dict, api: Api) -> list[Change]:
+    """Move a git status paragraph from the system prompt, verbatim, into a
+    <system-reminder> text block at the start of the first user message.
+
+    The paragraph runs from a line opening with `gitStatus:` to the end of its
+    text block. The first user message becomes a list of blocks (a string is
+    its one text block), so the bytes are the same whether Claude Code sends
+    that message as a list or, on later turns, as a string."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    first_user = _first_user_index(messages)
+    if first_user is None or _as_blocks(messages[first_user].get("content")) is None:
+        return []
+    paragraphs, changes, emptied = [], [], []
+    for path, container, key in list(_system_text_places(body, api)):
+        text = container[key]
+        start = git_status_start(text)
+        if start is None:
+            continue
+        paragraphs.append(text[start:])
+        kept = text[:start].rstrip("\n")
+        if kept.strip():
+            container[key] = kept
+        else:
+            emptied.append((path, container, key))
+        changes.append(Change(GIT_STATUS, path, "git status paragraph taken out"))
+    if not paragraphs:
+        return []
+    _remove_emptied(body, api, emptied)
+    messages = body["messages"]  # the OpenAI path may have lost an emptied system message
+    first_user = _first_user_index(messages)
+    reminders = [{"type": "text", "text": SYSTEM_REMINDER_OPEN + paragraph + SYSTEM_REMINDER_CLOSE} for paragraph in paragraphs]
+    messages[first_user] = {**messages[first_user], "content": reminders + _as_blocks(messages[first_user]["content"])}
+    return changes + [Change(GIT_STATUS, f"messages[{first_user}]", "git status paragraph put first, in a <system-reminder>")]
+
+
+def lead_with_stable_context(body: dict, api: Api) -> list[Change]:
+    """Move the `role:"system"` messages found before any assistant message
+    (initial context), rewritten as user <system-reminder> messages, to just
+    before the first user message, in their order. Those appended later stay
+    where they are (`rewrite_system_messages`). On the OpenAI path the leading
+    system messages are the system prompt and stay."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    first_user = _first_user_index(messages)
+    if first_user is None:
+        return []
+    first_assistant = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"), len(messages))
+    leading = 0
+    if api == "openai":
+        while leading < len(messages) and _is_system_role(messages[leading]):
+            leading += 1
+    moved: list[tuple[int, dict]] = []
+    for index in range(leading, first_assistant):
+        message = messages[index]
+        if isinstance(message, dict) and message.get("role") == "system":
+            wrapped = _wrap_reminder(message.get("content"))
+            if wrapped is not None:
+                moved.append((index, {**message, "role": "user", "content": wrapped}))
+    if not moved:
+        return []
+    moved_indexes = {index for index, _ in moved}
+    rest = [message for index, message in enumerate(messages) if index not in moved_indexes]
+    insert_at = _first_user_index(rest)
+    body["messages"] = rest[:insert_at] + [message for _, message in moved] + rest[insert_at:]
+    detail = "initial system message moved before the first user message, as user <system-reminder>"
+    return [Change(INITIAL_CONTEXT, f"messages[{index}]", detail) for index, _ in moved]
+
+
+def _is_system_role(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") in ("system", "developer")
+
+
+# --- loaded (deferred) tools ----------------------------------------------------
+
+
+def _tool_reference_name(block: Any) -> str | None:
+    if isinstance(block, dict) and block.get("type") == "tool_reference" and isinstance(block.get("tool_name"), str):
+        return block["tool_name"]
+    return None
+
+
+def _tool_results(body: dict, api: Api):
+    """Yield (message index, holder, key) for the content of every tool
+    result: Anthropic `tool_result` blocks of user messages, OpenAI
+    `role:"tool"` messages."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        if api == "openai":
+            if message.get("role") == "tool" and "content" in message:
+                yield index, message, "content"
+            continue
+        if message.get("role") == "user" and isinstance(message.get("content"), list):
+            for block in message["content"]:
+                if isinstance(block, dict) and block.get("type") == "tool_result" and "content" in block:
+                    yield index, block, "content"
+
+
+def _result_blocks(content: Any) -> tuple[list, bool] | None:
+    """A tool result's content as a block list, and whether it came as a JSON
+    string (claude-code-router sends OpenAI tool results as
+    `JSON.stringify(blocks)`); None for other content."""
+    if isinstance(content, list):
+        return content, False
+    if isinstance(content, str) and content.startswith("[") and "tool_reference" in content:
+        try:
+            blocks = json.loads(content)
+        except ValueError:
+            return None
+        return (blocks, True) if isinstance(blocks, list) else None
+    return None
+
+
+def tool_reference_names(body: dict, api: Api) -> set[str]:
+    """Names of the tools that `tool_reference` blocks in tool results load."""
+    names = set()
+    for _, holder, key in _tool_results(body, api):
+        found = _result_blocks(holder[key])
+        if found:
+            names |= {name for name in map(_tool_reference_name, found[0]) if name}
+    return names
+
+
+def _is_deferred(tool: Any, api: Api) -> bool:
+    """Claude Code marks a tool that ToolSearch loads with `defer_loading`;
+    routers translating to the OpenAI form drop that mark, and there only
+    ToolSearch's deferred tools are ever named by a tool_reference."""
+    if api == "openai":
+        return True
+    return isinstance(tool, dict) and tool.get("defer_loading") is True
+
+
+def _tool_schema_line(tool: dict) -> str:
+    function = tool["function"] if isinstance(tool.get("function"), dict) else tool
+    schema = function.get("parameters", function.get("input_schema", {}))
+    entry = {"description": function.get("description", ""), "name": _tool_name(tool), "parameters": schema}
+    return f"<function>{json.dumps(entry, ensure_ascii=False)}</function>"
+
+
+def _inlined_content(blocks: list, from_json_string: bool, deferred: dict[str, dict]) -> tuple[Any, list[str]] | None:
+    """The tool result's new content, with its references to deferred tools
+    replaced by one text block of their schemas, and the names inlined; None
+    when it has no such reference or a shape we do not rewrite (a JSON
+    string holding anything but text and references we can inline)."""
+    names = list(dict.fromkeys(name for name in map(_tool_reference_name, blocks) if name in deferred))
+    if not names:
+        return None
+    if from_json_string and not all(_tool_reference_name(b) in deferred or _is_text_block(b) for b in blocks):
+        return None
+    text = INLINED_TOOLS_OPEN + "".join(_tool_schema_line(deferred[name]) + "\n" for name in names) + INLINED_TOOLS_CLOSE
+    content, placed = [], False
+    for block in blocks:
+        if _tool_reference_name(block) not in deferred:
+            content.append(block)
+        elif not placed:
+            content.append({"type": "text", "text": text})
+            placed = True
+    if from_json_string:
+        return "\n".join(block["text"] for block in content), names
+    return content, names
+
+
+def inline_loaded_tools(body: dict, api: Api) -> list[Change]:
+    """Take each deferred tool that a `tool_reference` loaded out of `tools`
+    and write its schema, as text, into the tool result in place of the
+    reference: `tools` stays what the conversation started with, and the tool
+    result, once written, reads the same on every later turn. A reference we
+    cannot rewrite leaves its tool in `tools`."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    deferred = {_tool_name(tool): tool for tool in tools if _tool_name(tool) and _is_deferred(tool, api)}
+    if not deferred:
+        return []
+    inlined: dict[str, None] = {}
+    changes = []
+    for index, holder, key in list(_tool_results(body, api)):
+        found = _result_blocks(holder[key])
+        rewritten = _inlined_content(*found, deferred) if found else None
+        if rewritten is None:
+            continue
+        holder[key], names = rewritten
+        inlined |= dict.fromkeys(names)
+        changes.append(Change(LOADED_TOOLS, f"messages[{index}]", f"schema of {', '.join(names)} written into the tool result that loaded it"))
+    if inlined:
+        body["tools"] = [tool for tool in tools if _tool_name(tool) not in inlined]
+        changes.append(Change(LOADED_TOOLS, "tools", f"loaded tool {', '.join(inlined)} taken out of tools"))
+    return changes
+
+
+def deferred_tool_names(body: dict, api: Api) -> set[str]:
+    """Tools that are not part of what a conversation starts with: Anthropic
+    tools marked `defer_loading`; on the OpenAI path (where routers drop that
+    mark) tools a `tool_reference` loaded."""
+    if api == "openai":
+        return tool_reference_names(body, api)
+    tools = body.get("tools")
+    return {_tool_name(tool) for tool in tools if _is_deferred(tool, api)} if isinstance(tools, list) else set()
+
+
+def inlined_tool_names(body: dict, api: Api) -> set[str]:
+    """Names of the tools whose schemas `inline_loaded_tools` wrote into tool
+    results: they are offered as much as those in `tools`."""
+    names = set()
+    for _, holder, key in _tool_results(body, api):
+        for text in _texts(holder[key]):
+            if text.startswith(INLINED_TOOLS_OPEN):
+                names |= {name for name in map(_inlined_function_name, _INLINED_FUNCTION.findall(text)) if name}
+    return names
+
+
+def _texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    return [block["text"] for block in content if _is_text_block(block)] if isinstance(content, list) else []
+
+
+def _inlined_function_name(entry_json: str) -> str | None:
+    try:
+        entry = json.loads(entry_json)
+    except ValueError:
+        return None
+    return entry.get("name") if isinstance(entry, dict) and isinstance(entry.get("name"), str) else None
 
 
 def _tool_name(tool: Any) -> str:
@@ -352,7 +658,10 @@ def cap_max_tokens(body: dict, cap: int) -> list[Change]:
 
 _PROMPT_RULE_FUNCTIONS = {
     BILLING_HEADER: strip_billing_header,
+    GIT_STATUS: relocate_git_status,
+    INITIAL_CONTEXT: lead_with_stable_context,
     SYSTEM_MESSAGES: rewrite_system_messages,
+    LOADED_TOOLS: inline_loaded_tools,
     DATE_LINE: drop_date_line,
     TOOL_ORDER: sort_tools,
 }

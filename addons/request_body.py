@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mitmproxy import http
@@ -85,10 +86,11 @@ class NormalizedRequest:
     body: dict  # as forwarded
     changes: list[normalize.Change]
 
-    def client_snapshot(self) -> PromptSnapshot:
+    def client_snapshot(self, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
         """The client's prompt, for the diagnosis (parsed again from the bytes
-        it sent: the rules edited the parsed body in place)."""
-        return PromptSnapshot.of(json.loads(self.client_body), self.api)
+        it sent: the rules edited the parsed body in place); `headers` name
+        the subagent instance and session."""
+        return PromptSnapshot.of(json.loads(self.client_body), self.api, headers)
 
 
 def normalize_request(request: http.Request, rules: normalize.Rules) -> NormalizedRequest | None:

@@ -4,8 +4,9 @@
         --set upstream_model=<served model name> --set max_tokens_cap=8192
 
 For `POST /v1/messages` and `POST /v1/chat/completions` it applies the rules of
-`normalize.py` (billing header out, mid-conversation system messages rewritten,
-model name mapped, max_tokens capped), and puts a one-line prefix diagnosis per
+`normalize.py` (billing header out, git status and initial context moved behind
+the tools, system messages rewritten, loaded tools inlined, model name mapped,
+max_tokens capped), and puts a one-line prefix diagnosis per
 request into the log and into `flow.comment` (marking the flow when the prefix
 broke). The diagnosis is made once the request has left, when the upstream
 answers (or fails), so it costs the request no latency: the engine is busy
@@ -67,6 +68,9 @@ def rules_from_options(options) -> normalize.Rules:
     return normalize.Rules(
         strip_billing_header=options.strip_billing_header,
         rewrite_system_messages=options.rewrite_system_messages,
+        relocate_git_status=options.relocate_git_status,
+        lead_with_stable_context=options.lead_with_stable_context,
+        inline_loaded_tools=options.inline_loaded_tools,
         drop_date_line=options.drop_date_line,
         sort_tools=options.sort_tools,
         model_map=model_map,
@@ -84,6 +88,27 @@ class StripBilling:
         loader.add_option(
             "rewrite_system_messages", bool, True, 'Rewrite role:"system" messages inside messages into user <system-reminder> messages, in place.'
         )
+        loader.add_option(
+            "relocate_git_status",
+            bool,
+            True,
+            "Move a git status paragraph (a line starting 'gitStatus:' to the end of its block) from the system prompt "
+            "into a <system-reminder> at the start of the first user message.",
+        )
+        loader.add_option(
+            "lead_with_stable_context",
+            bool,
+            True,
+            'Move role:"system" messages that come before any assistant message (initial context, e.g. the environment) '
+            "to just before the first user message, as user <system-reminder> messages.",
+        )
+        loader.add_option(
+            "inline_loaded_tools",
+            bool,
+            True,
+            "Take a deferred tool that a tool_reference loaded (ToolSearch) out of tools and write its schema into the "
+            "tool result that loaded it, so tools stays what the conversation started with.",
+        )
         loader.add_option("drop_date_line", bool, False, "Remove a \"Today's date is ...\" line from the system prompt.")
         loader.add_option("sort_tools", bool, False, "Sort the tool definitions by name.")
         loader.add_option("upstream_model", str, "", "Send every request with this model name (the name the server serves).")
@@ -99,6 +124,7 @@ class StripBilling:
 
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
+        self.diagnosis.rules = self.rules
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
@@ -126,7 +152,7 @@ class StripBilling:
         result = flow.metadata.pop(PENDING_DIAGNOSIS, None)
         if result is None:
             return
-        diagnosis = self.diagnosis.observe(result.client_snapshot(), result.body, changes=result.changes)
+        diagnosis = self.diagnosis.observe(result.client_snapshot(flow.request.headers), result.body, changes=result.changes)
         flow.metadata[FLOW_NOTES].update(lane=diagnosis.lane, diagnosis=diagnosis.to_json())
         logger.info(diagnosis.line())
         prepend_comment(flow, diagnosis.line())

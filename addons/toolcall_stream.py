@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 
 from mitmproxy import ctx, exceptions, http
 
-from stable_prefix.addons import toolcall_anthropic, toolcall_openai
+from stable_prefix.addons import normalize, toolcall_anthropic, toolcall_openai
 from stable_prefix.addons.request_body import LeftAlone, api_of, read_json_body
 from stable_prefix.addons.text_tool_calls import SYNTAXES
 
@@ -38,12 +38,15 @@ StreamRewriter = toolcall_anthropic.AnthropicStreamRewriter | toolcall_openai.Op
 
 
 def offered_tools(api: str, request: http.Request) -> frozenset[str]:
-    """Tool names the request offered; empty if none, or if the body cannot be read."""
+    """Tool names the request offered; empty if none, or if the body cannot be read.
+    A tool whose schema the inline_loaded_tools rule moved from `tools` into a
+    tool result is offered as well."""
     body = read_json_body(request)
     if isinstance(body, LeftAlone):
         return frozenset()
     module = toolcall_anthropic if api == "anthropic" else toolcall_openai
-    return module.offered_tool_names(body)
+    offered = module.offered_tool_names(body)
+    return offered | normalize.inlined_tool_names(body, api) if offered else offered
 
 
 def parse_syntaxes(value: str) -> tuple[str, ...]:

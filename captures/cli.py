@@ -30,7 +30,7 @@ def cached_tokens(usage: dict | None) -> int | None:
 def cause(pair: pairs.Pair) -> str:
     result = pair.diagnosis
     if result.prefix_broke:
-        return rule_note(result.explained_by, applied=False) if result.explained_by else "unexplained"
+        return result.cause
     if result.neutralized:
         return "raw: " + rule_note(result.neutralized.rule, applied=True)
     return "-"
@@ -73,7 +73,7 @@ def run_report(args) -> None:
     requests = [load(path) for path in files_in(args.directory)]
     found, tracker = pairs.report(requests)
     if args.json:
-        print(json.dumps({"directory": str(args.directory), "requests": len(requests), "pairs": [p.to_json() for p in found], "lanes": tracker.totals()}, indent=2, ensure_ascii=False))
+        print(json.dumps({"directory": str(args.directory), "requests": len(requests), "pairs": [p.to_json() for p in found], "lanes": tracker.totals(), "groups": tracker.group_totals()}, indent=2, ensure_ascii=False))
         return
     print(f"{args.directory}: {len(requests)} requests, {len(found)} consecutive pairs per lane, compared as the backend saw them")
     rows = [("request", "lane", "prefix", "stable/total B", "ratio", "first divergence", "cause", "cached", "changed")]

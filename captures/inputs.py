@@ -23,6 +23,7 @@ class RequestFile:
     forwarded_body: dict | None  # as the proxy forwarded it; None for raw bodies
     lane: str | None  # as recorded at capture time
     response: dict | None
+    headers: dict[str, str] | None = None  # as recorded (credentials redacted); None for raw bodies
 
     @property
     def label(self) -> str:
@@ -58,7 +59,8 @@ def load(path: str | Path) -> RequestFile:
         if not isinstance(client, dict) or not isinstance(forwarded, dict):
             raise InputError(f"{path}: capture record whose request body was not a JSON object; nothing to compare")
         api = (document.get("request") or {}).get("api") or guess_api(client)
-        return RequestFile(path, True, api, client, forwarded, document.get("lane"), document.get("response"))
+        headers = (document.get("request") or {}).get("headers")
+        return RequestFile(path, True, api, client, forwarded, document.get("lane"), document.get("response"), headers if isinstance(headers, dict) else None)
     if not isinstance(document.get("messages"), list):
         raise InputError(f"{path}: neither a capture record (no \"format\": {RECORD_FORMAT!r}) nor a request body (no \"messages\" list)")
     return RequestFile(path, False, guess_api(document), document, None, None, None)

@@ -126,14 +126,14 @@ def diff(a: RequestFile, b: RequestFile, *, normalized: bool) -> tuple[Pair, lis
     default rules would forward them. Also returns warnings for the reader."""
     bodies = [normalized_copy(r) if normalized else r.client_body for r in (a, b)]
     tracker = PrefixDiagnosis()
-    lanes = [tracker.lane_names.name_for(PromptSnapshot.of(r.client_body, r.api).signature) for r in (a, b)]
+    lanes = [tracker.lane_names.name_for(PromptSnapshot.of(r.client_body, r.api, r.headers).signature) for r in (a, b)]
     warnings = []
     if a.api != b.api:
         warnings.append(f"{a.path} is an {a.api} request, {b.path} an {b.api} one; prompt orders differ by construction")
     if lanes[0] != lanes[1]:
         warnings.append(f"different lanes ({lanes[0]} vs {lanes[1]}): these are different agents, a prefix break is expected")
     for request, body in zip((a, b), bodies, strict=True):
-        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api), body, lane=lanes[1])
+        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api, request.headers), body, lane=lanes[1])
     return Pair(a, b, result, changed_paths(bodies[0], bodies[1])), warnings
 
 
@@ -144,7 +144,7 @@ def report(requests: list[RequestFile]) -> tuple[list[Pair], PrefixDiagnosis]:
     pairs = []
     for request in requests:
         body = backend_body(request)
-        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api), body, lane=request.lane)
+        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api, request.headers), body, lane=request.lane)
         if result.lane in previous_by_lane:
             previous, previous_body = previous_by_lane[result.lane]
             pairs.append(Pair(previous, request, result, changed_paths(previous_body, body)))

@@ -29,14 +29,15 @@ def run(capsys, *argv):
 
 
 def captured_session(directory, bodies):
-    """Records written by the real addons, as a mitmdump session would."""
+    """Records written by the real addons, as a mitmdump session would;
+    `bodies` holds request bodies or (body, extra headers) pairs."""
     capture, strip = Capture(), StripBilling()
     with taddons.context(strip, capture) as tctx:
         tctx.configure(capture, capture_dir=str(directory), capture_session="s")
-        for body in bodies:
-            request = tutils.treq(
-                host="127.0.0.1", method=b"POST", path=b"/v1/messages?beta=true", headers=http.Headers(((b"content-type", b"application/json"),)), content=json.dumps(body).encode()
-            )
+        for item in bodies:
+            body, extra = item if isinstance(item, tuple) else (item, {})
+            headers = http.Headers(((b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in extra.items())))
+            request = tutils.treq(host="127.0.0.1", method=b"POST", path=b"/v1/messages?beta=true", headers=headers, content=json.dumps(body).encode())
             flow = tflow.tflow(req=request)
             strip.request(flow)
             capture.request(flow)
@@ -150,6 +151,40 @@ def test_report_of_raw_bodies_compares_them_as_the_rules_would_forward_them(tmp_
     status, out, _ = run(capsys, "report", str(tmp_path), "--json")
     pairs = json.loads(out)["pairs"]
     assert status == 0 and [p["prefix_kept"] for p in pairs if p["lane"] == "main"] == [True, False]
+
+
+TODAYS_SESSION = [
+    (claude_code.modern_request(2), claude_code.agent_headers(session="s-1")),
+    (claude_code.modern_subagent_request(task="Find the tests."), claude_code.agent_headers("a1111111111", session="s-1")),
+    (claude_code.modern_subagent_request(task="Find the docs."), claude_code.agent_headers("b2222222222", session="s-1")),
+    (claude_code.modern_subagent_request(task="Find the tests.", turns=2), claude_code.agent_headers("a1111111111", session="s-1")),
+    (claude_code.modern_subagent_request(task="Find the docs.", turns=2), claude_code.agent_headers("b2222222222", session="s-1")),
+    (claude_code.modern_request(3), claude_code.agent_headers(session="s-1")),
+    (claude_code.compacted_request(), claude_code.agent_headers(session="s-1")),
+    (claude_code.modern_request(1, prompt="Other work."), claude_code.agent_headers(session="s-2")),
+]
+
+
+def test_report_names_the_cause_of_every_break_and_counts_them_per_lane(tmp_path, capsys):
+    session = captured_session(tmp_path, TODAYS_SESSION)
+    status, out, _ = run(capsys, "report", str(session), "--json")
+    result = json.loads(out)
+    causes = {Path(pair["current"]).name: pair["cause"] for pair in result["pairs"]}
+    assert status == 0 and causes["0007-main.json"] == "compaction" and causes["0008-main.json"] == "new conversation"
+    assert causes["0006-main.json"] is None  # kept
+    assert result["lanes"]["main"]["breaks"] == {"compaction": 1, "new conversation": 1}
+    instance_lanes = [lane for lane in result["lanes"] if "@" in lane]
+    assert len(instance_lanes) == 2 and all(result["lanes"][lane]["prefix_kept"] == 1 for lane in instance_lanes)
+    [(group, total)] = result["groups"].items()
+    assert instance_lanes[0].startswith(group + "@") and total["instances"] == 2 and total["prefix_broke"] == 0
+
+
+def test_report_table_shows_the_cause_and_the_instances_group(tmp_path, capsys):
+    session = captured_session(tmp_path, TODAYS_SESSION)
+    _, out, _ = run(capsys, "report", str(session))
+    assert "compaction" in next(line for line in out.splitlines() if line.startswith("0007-main"))
+    assert "new conversation" in next(line for line in out.splitlines() if line.startswith("0008-main"))
+    assert any(line.strip().startswith("lanes sub:") and "· 2 instances · 4 requests · prefix kept 2/2" in line for line in out.splitlines())
 
 
 # --- bad input ----------------------------------------------------------------

@@ -80,3 +80,40 @@ def test_a_toolless_request_asking_for_a_title_field_is_the_title_lane():
 def test_odd_output_settings_do_not_break_lane_naming():
     for odd in ({"output_config": "json"}, {"output_config": {"format": {"json_schema": "x"}}}, {"response_format": {"type": "json_object"}}):
         assert lanes_of({"messages": [], **odd})[0].startswith("side:")
+
+
+def test_a_request_naming_its_subagent_instance_gets_a_lane_of_its_own_in_its_types_group():
+    from stable_prefix.addons.lanes import lane_group
+
+    names = LaneNames()
+    one = names.name_for(lane_signature(claude_code.modern_subagent_request(task="a"), "anthropic", claude_code.agent_headers("a7268d940648f6d15")))
+    other = names.name_for(lane_signature(claude_code.modern_subagent_request(task="b"), "anthropic", claude_code.agent_headers("aac66025dd4825e66")))
+    plain = names.name_for(lane_signature(claude_code.modern_subagent_request(task="c"), "anthropic"))
+    assert one == f"{plain}@a7268d94" and other == f"{plain}@aac66025"
+    assert lane_group(one) == lane_group(other) == plain and plain.startswith("sub:")
+
+
+def test_header_names_are_matched_whatever_their_case():
+    headers = {"X-Claude-Code-Agent-Id": "b1c2d3e4f5"}
+    assert lane_signature(claude_code.modern_subagent_request(), "anthropic", headers).instance == "b1c2d3e4"
+
+
+def test_an_agent_id_makes_a_subagent_even_when_seen_first():
+    assert lanes_of_with_headers((claude_code.modern_subagent_request("general"), claude_code.agent_headers("f00f00f00")))[0].startswith("sub:")
+
+
+def test_a_tool_loaded_through_tool_search_does_not_change_the_main_lane():
+    before = claude_code.modern_request(2)
+    after = claude_code.modern_request(4, load_tools_at={2: ("WebFetch",), 3: ("NotebookEdit",)})
+    assert lanes_of(before, after) == ["main", "main"]
+
+
+def test_a_tool_loaded_on_the_openai_path_does_not_change_the_main_lane():
+    before = claude_code.modern_openai_request(2)
+    after = claude_code.modern_openai_request(3, load_tools_at={2: ("WebFetch",)})
+    assert lanes_of(before, after, api="openai") == ["main", "main"]
+
+
+def lanes_of_with_headers(*bodies_and_headers):
+    names = LaneNames()
+    return [names.name_for(lane_signature(body, "anthropic", headers)) for body, headers in bodies_and_headers]

@@ -283,17 +283,24 @@ def test_max_tokens_above_the_cap_is_capped_and_below_is_kept():
 # --- the pipeline -------------------------------------------------------------
 
 
-def test_default_rules_change_billing_and_system_messages_only():
+def test_default_rules_change_only_the_prompt_rules_that_are_on():
     body = claude_code.main_request(turns=12)
     changes = normalize.normalize(body, "anthropic")
-    assert {c.rule for c in changes} == {"billing_header", "system_messages"}
+    assert {c.rule for c in changes} == {"billing_header", "git_status", "initial_context", "system_messages"}
     assert body["model"] == "claude-opus-4-8" and body["max_tokens"] == 64000
+
+
+def test_default_rules_on_todays_claude_code_request():
+    body = claude_code.modern_request(turns=4, load_tools_at={2: ("WebFetch",)})
+    changes = normalize.normalize(body, "anthropic")
+    assert {c.rule for c in changes} == {"billing_header", "initial_context", "loaded_tools"}
 
 
 def test_all_rules_disabled_change_nothing():
     body = claude_code.main_request(turns=12)
     before = copy.deepcopy(body)
-    assert normalize.normalize(body, "anthropic", Rules(strip_billing_header=False, rewrite_system_messages=False)) == []
+    off = Rules(strip_billing_header=False, rewrite_system_messages=False, relocate_git_status=False, lead_with_stable_context=False, inline_loaded_tools=False)
+    assert normalize.normalize(body, "anthropic", off) == []
     assert body == before
 
 

@@ -59,7 +59,17 @@ def test_billing_block_is_stripped_and_content_length_matches(addon):
 def test_system_message_in_messages_reaches_the_upstream_as_a_user_reminder(addon):
     flow = api_flow(claude_code.main_request(turns=2))
     addon.request(flow)
-    assert sent_body(flow)["messages"][1] == {"role": "user", "content": "<system-reminder>\nThe user opened src/app.py in the editor.\n</system-reminder>"}
+    # initial context: moved before the first user message
+    assert sent_body(flow)["messages"][0] == {"role": "user", "content": "<system-reminder>\nThe user opened src/app.py in the editor.\n</system-reminder>"}
+
+
+def test_todays_claude_code_request_reaches_the_upstream_with_stable_context_first(addon):
+    flow = api_flow(claude_code.modern_request(turns=3, load_tools_at={2: ("WebFetch",)}))
+    addon.request(flow)
+    body = sent_body(flow)
+    assert [message["role"] for message in body["messages"]][:2] == ["user", "user"]
+    assert body["messages"][0]["content"].startswith("<system-reminder>\n# Environment")
+    assert [tool["name"] for tool in body["tools"]] == [tool["name"] for tool in claude_code.modern_tools()]
 
 
 def test_openai_chat_path_is_normalized_too(addon):
@@ -87,8 +97,9 @@ def test_model_map_patterns_win_over_upstream_model(addon):
 
 
 def test_rules_can_be_switched_off(addon):
-    addon.tctx.configure(addon, strip_billing_header=False, rewrite_system_messages=False)
-    raw = json.dumps(claude_code.main_request(cch="9f2c1")).encode()
+    addon.tctx.configure(addon, strip_billing_header=False, rewrite_system_messages=False, relocate_git_status=False,
+                         lead_with_stable_context=False, inline_loaded_tools=False)
+    raw = json.dumps(claude_code.modern_request(3, load_tools_at={2: ("WebFetch",)})).encode()
     flow = api_flow(raw)
     addon.request(flow)
     assert flow.request.raw_content == raw
@@ -118,13 +129,13 @@ def test_ten_megabyte_body_is_normalized(addon):
     flow = api_flow(body)
     addon.request(flow)
     sent = sent_body(flow)
-    assert len(sent["messages"][0]["content"]) == 10 * 1024 * 1024
+    assert len(sent["messages"][1]["content"][-1]["text"]) == 10 * 1024 * 1024  # after the initial context and the git status
     assert "x-anthropic-billing-header" not in sent["system"][0]["text"]
     assert flow.request.headers["content-length"] == str(len(flow.request.raw_content))
 
 
 def test_a_body_with_nothing_to_change_goes_byte_for_byte(addon):
-    body = claude_code.main_request()
+    body = claude_code.modern_request(1)
     body["system"] = body["system"][1:]
     body["messages"] = body["messages"][:1]
     raw = json.dumps(body, indent=3).encode()  # spacing a re-serialization would lose
@@ -136,7 +147,7 @@ def test_a_body_with_nothing_to_change_goes_byte_for_byte(addon):
 # --- what it leaves alone -----------------------------------------------------
 
 def _ten_megabytes_with_nothing_to_change() -> bytes:
-    body = claude_code.main_request(turns=1)
+    body = claude_code.modern_request(turns=1)
     body["system"] = body["system"][1:]  # no billing block
     body["messages"] = body["messages"][:1]  # no system message
     body["messages"][0]["content"][0]["text"] = "y" * (10 * 1024 * 1024)
@@ -240,7 +251,7 @@ def test_a_broken_prefix_marks_the_flow(addon):
     forward(addon, api_flow(claude_code.main_request(turns=2)))
     cleared = api_flow(claude_code.main_request(turns=1, git_status="M other.py"))
     forward(addon, cleared)
-    assert cleared.marked and "prefix broke at system[1].text" in cleared.comment
+    assert cleared.marked and "prefix broke at messages[1].content[0].text" in cleared.comment and "(new conversation)" in cleared.comment
 
 
 def test_subagent_and_title_requests_get_their_own_lanes(addon):
