@@ -1,15 +1,22 @@
-"""The replayed session: deterministic, and shaped like Claude Code 2.x traffic."""
+"""The replayed session: deterministic, and shaped like Claude Code traffic
+(2.1.332 by default, 2.1.197 as a variant)."""
 
 import json
 import re
 
 import pytest
 
+from stable_prefix.addons.normalize import normalize
+from stable_prefix.addons.prompt_order import compare, prompt_order
 from stable_prefix.bench.session import (
+    AGENT_ID_HEADER,
     CHARS_PER_TOKEN,
     EXPLORE_LANE,
     GENERAL_LANE,
+    LOADED_TOOL,
     MAIN_LANE,
+    OLDER_SHAPE,
+    SESSION_ID_HEADER,
     TITLE_LANE,
     generate_session,
 )
@@ -22,7 +29,13 @@ BILLING = re.compile(
 
 @pytest.fixture(scope="module")
 def session():
-    return generate_session(seed=7, scale=1.0)
+    """The older shape (2.1.197), at full size: most tests below describe it."""
+    return generate_session(seed=7, scale=1.0, shape=OLDER_SHAPE)
+
+
+@pytest.fixture(scope="module")
+def today():
+    return generate_session(seed=7, scale=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +140,10 @@ def test_billing_suffix_changes_per_subagent_call_and_marks_subagents(session):
 
 
 def test_cch_variant_changes_on_every_request():
-    session = generate_session(seed=7, scale=0.1, per_request_cch=True)
+    session = generate_session(seed=7, scale=0.1, per_request_cch=True, shape=OLDER_SHAPE)
     values = [billing(r)["cch"] for r in session]
     assert all(values) and len(set(values)) == len(values)
-    assert not any(billing(r)["cch"] for r in generate_session(seed=7, scale=0.1))
+    assert not any(billing(r)["cch"] for r in generate_session(seed=7, scale=0.1, shape=OLDER_SHAPE))
 
 
 def test_cache_control_moves_to_the_latest_message(session):
@@ -188,9 +201,10 @@ def test_clear_starts_a_new_conversation_with_another_git_status(session):
     assert len(second.body["messages"]) == 2
 
 
-def test_scale_shrinks_sizes_proportionally():
-    full = generate_session(seed=1, scale=1.0)
-    small = generate_session(seed=1, scale=0.2)
+@pytest.mark.parametrize("shape", ["2.1.332", OLDER_SHAPE])
+def test_scale_shrinks_sizes_proportionally(shape):
+    full = generate_session(seed=1, scale=1.0, shape=shape)
+    small = generate_session(seed=1, scale=0.2, shape=shape)
     assert [r.lane for r in full] == [r.lane for r in small]
     ratio = len(small[-1].body_bytes()) / len(full[-1].body_bytes())
     assert 0.15 <= ratio <= 0.35
@@ -199,3 +213,94 @@ def test_scale_shrinks_sizes_proportionally():
 def test_scale_out_of_range_is_refused():
     with pytest.raises(ValueError, match="scale=0"):
         generate_session(scale=0)
+
+
+def test_an_unknown_shape_is_refused():
+    with pytest.raises(ValueError, match="shape='2.0.0'"):
+        generate_session(shape="2.0.0")
+
+
+# --- today's shape (2.1.332) ------------------------------------------------------------------------
+
+TODAYS_BILLING = re.compile(r"^x-anthropic-billing-header: cc_version=2\.1\.332\.[0-9a-f]{3}; cc_entrypoint=cli;( cc_is_subagent=true;)?$")
+
+
+def main_requests(today, conversation=None):
+    return [r for r in today if r.lane == MAIN_LANE and conversation in (None, r.conversation)]
+
+
+def test_todays_session_has_a_main_lane_subagent_instances_and_titles(today):
+    assert {r.lane for r in today} == {MAIN_LANE, TITLE_LANE, EXPLORE_LANE, GENERAL_LANE, *(f"{EXPLORE_LANE}@{n}" for n in (1, 2, 3))}
+    assert len(main_requests(today)) == 21 and {r.conversation for r in today} == {0, 1, 2}
+    assert all(TODAYS_BILLING.match(r.body["system"][0]["text"]) for r in today)
+
+
+def test_the_system_prompt_is_the_same_text_in_every_conversation(today):
+    texts = {json.dumps(r.body["system"][1:]) for r in main_requests(today)}
+    assert len(texts) == 1 and "gitStatus" not in texts.pop()
+
+
+def test_each_conversation_opens_with_its_git_status_then_the_shared_environment(today):
+    firsts = [main_requests(today, c)[0].body["messages"] for c in (0, 1)]
+    statuses = [messages[0]["content"][0]["text"] for messages in firsts]
+    assert all(status.startswith("<system-reminder>") and "# gitStatus" in status for status in statuses)
+    assert statuses[0] != statuses[1]
+    assert [messages[1]["role"] for messages in firsts] == ["system", "system"]
+    assert firsts[0][1] == firsts[1][1] and "working directory" in firsts[0][1]["content"][0]["text"]
+
+
+def test_thirteen_tools_are_sent_in_full_with_a_deferred_placeholder(today):
+    tools = main_requests(today)[0].body["tools"]
+    names = [tool["name"] for tool in tools]
+    assert len(tools) == 13 and [tool.get("defer_loading") for tool in tools].count(True) == 1
+    assert names[:-2] + names[-1:] == sorted(names[:-2] + names[-1:])
+
+
+def test_a_tool_search_load_inserts_the_tool_alphabetically_from_the_next_request_on(today):
+    main = main_requests(today, 0)
+    loaded = next(i for i, r in enumerate(main) if LOADED_TOOL in [t["name"] for t in r.body["tools"]])
+    before, after = main[loaded - 1].body, main[loaded].body
+    in_full = sorted([t["name"] for t in before["tools"] if not t.get("defer_loading")] + [LOADED_TOOL])
+    assert [t["name"] for t in after["tools"]] == [*in_full[:-1], "DeferredPlaceholder", in_full[-1]]
+    assert next(t for t in after["tools"] if t["name"] == LOADED_TOOL)["defer_loading"] is True
+    assert '"type": "tool_reference"' in json.dumps(after["messages"][-1])
+    assert all(LOADED_TOOL in [t["name"] for t in r.body["tools"]] for r in main[loaded:])
+
+
+def test_one_fan_out_of_three_instances_runs_interleaved_and_contiguous(today):
+    group = [r for r in today if r.fan_out]
+    indexes = [r.index for r in group]
+    assert indexes == list(range(indexes[0], indexes[0] + len(group))) and len({r.fan_out for r in group}) == 1
+    lanes = [r.lane for r in group]
+    assert lanes[:3] == [f"{EXPLORE_LANE}@{n}" for n in (1, 2, 3)] and lanes[3:6] == lanes[:3]
+    per_instance = {lane: [r for r in group if r.lane == lane] for lane in set(lanes)}
+    assert all(len(requests) == 3 for requests in per_instance.values())
+    assert len({r.headers[AGENT_ID_HEADER] for r in group}) == 3
+    assert all(len({r.headers[AGENT_ID_HEADER] for r in requests}) == 1 for requests in per_instance.values())
+
+
+def test_every_request_names_its_session_and_subagents_their_instance(today):
+    assert all(SESSION_ID_HEADER in r.headers for r in today)
+    assert all((AGENT_ID_HEADER in r.headers) == r.lane.startswith("sub:") for r in today)
+    sessions = [main_requests(today, c)[0].headers[SESSION_ID_HEADER] for c in (0, 1, 2)]
+    assert sessions[0] != sessions[1] == sessions[2]  # /clear starts a session, /compact does not
+
+
+def test_compact_asks_for_a_summary_then_starts_from_it_with_an_empty_system_message(today):
+    summary_request = main_requests(today, 1)[-1]
+    assert summary_request.body["messages"][-1]["role"] == "user" and summary_request.body["messages"][-2]["role"] == "assistant"
+    compacted = main_requests(today, 2)[0].body["messages"]
+    assert compacted[1] == {"role": "system", "content": []}
+    assert compacted[-1]["role"] == "system"  # the environment, after the prompt
+
+
+def test_through_the_rules_a_new_conversation_keeps_system_tools_and_environment(today):
+    first, after_clear = (main_requests(today, c)[0].body for c in (0, 1))
+    orders = []
+    for body in (first, after_clear):
+        body = json.loads(json.dumps(body))
+        normalize(body, "anthropic")
+        orders.append(prompt_order(body, "anthropic"))
+    comparison = compare(*orders)
+    assert comparison.first_divergence.path.startswith("messages[1].content[0].text")  # the git status
+    assert comparison.stable_prefix_ratio > 0.9
