@@ -33,7 +33,8 @@ Rules that keep the prompt prefix stable:
                    in a tool result loaded (ToolSearch) is taken out of
                    `tools` and its schema written into that tool result as
                    text, so `tools`, rendered before the whole history, stays
-                   what the conversation started with.
+                   what the conversation started with; a deferred tool no
+                   reference loads (after /compact) goes last.
   date_line        (off by default) drop a `Today's date is ...` line from the
                    system prompt; it changes once a day.
   tool_order       (off by default) sort `tools` by name.
@@ -565,9 +566,19 @@ def inline_loaded_tools(body: dict, api: Api) -> list[Change]:
         holder[key], names = rewritten
         inlined |= dict.fromkeys(names)
         changes.append(Change(LOADED_TOOLS, f"messages[{index}]", f"schema of {', '.join(names)} written into the tool result that loaded it"))
+    kept = [tool for tool in tools if _tool_name(tool) not in inlined]
     if inlined:
-        body["tools"] = [tool for tool in tools if _tool_name(tool) not in inlined]
         changes.append(Change(LOADED_TOOLS, "tools", f"loaded tool {', '.join(inlined)} taken out of tools"))
+    # A deferred tool that no reference loads (after /compact the summary
+    # replaced the ToolSearch result; or Claude Code's placeholder) goes last,
+    # so the tools the conversation started with still lead.
+    referenced = tool_reference_names(body, api)
+    unloaded = [tool for tool in kept if api == "anthropic" and _is_deferred(tool, api) and _tool_name(tool) not in referenced]
+    ordered = [tool for tool in kept if tool not in unloaded] + unloaded
+    if [id(tool) for tool in ordered] != [id(tool) for tool in tools]:
+        body["tools"] = ordered
+        if unloaded and [id(tool) for tool in ordered] != [id(tool) for tool in kept]:
+            changes.append(Change(LOADED_TOOLS, "tools", f"deferred tool {', '.join(map(_tool_name, unloaded))}, loaded by no tool_reference, put last"))
     return changes
 
 

@@ -10,10 +10,17 @@ The stack is what a user runs, on 127.0.0.1, offline:
 A cold Claude Code prompt is ~11.5K tokens of the tiny model; it costs about
 half a minute to prefill on a 2-core CPU, a warm turn about a second. Each test
 makes one cold request per lane and a few warm ones, and prints what it saw.
+
+The tiny model never calls a tool, so for the subagent test the main agent's
+decision to start two subagents (and each subagent's first step) is scripted
+at the engine's door (`tests/support/scripted_tool_use.py`): those requests
+still reach the real engine, which prefills and caches them; only their
+answers are replaced. Everything the subagents send is Claude Code's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -34,6 +41,8 @@ SERVED_MODEL = "tiny-model"
 ANSWER_TOKENS = 16
 BILLING_HEADER = "x-anthropic-billing-header"
 MIN_STABLE_PREFIX_RATIO = 0.90
+# The first request of a new conversation in the same repository (issue 9's target).
+MIN_NEW_CONVERSATION_REUSE = 0.95
 PRINT_MODE_TURNS = ["Say hello in one word.", "Now say it in French.", "And in German."]
 INTERACTIVE_TURNS = ["What is the capital of France?", "And of Italy?"]
 COLD_TURN_TIMEOUT_S = 600.0
@@ -70,6 +79,13 @@ def claude_binary() -> Path:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
+    with running_stack(tmp_path) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running_stack(tmp_path: Path, script: list[dict] | None = None) -> Iterator[Stack]:
+    """Engine, door and proxy; `script`: tool calls the door puts in place of the engine's answers."""
     if not (TINY_MODEL / "config.json").exists():
         pytest.fail(f"{TINY_MODEL} is missing; run `make tiny-model` first", pytrace=False)
     logs = tmp_path / "logs"
@@ -82,8 +98,12 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         "--served-model-name", SERVED_MODEL, "--max-tokens", str(ANSWER_TOKENS),
     ]
     engine_ready = lambda: http_ok(f"http://127.0.0.1:{engine_port}/v1/models")  # noqa: E731
-    door_command = mitmdump_command(["tests/support/upstream_recorder.py"], f"http://127.0.0.1:{engine_port}",
-                                    door_port, {"record_path": door_record})
+    door_scripts, door_options = ["tests/support/upstream_recorder.py"], {"record_path": door_record}
+    if script is not None:
+        (tmp_path / "script.json").write_text(json.dumps(script))
+        door_scripts.append("tests/support/scripted_tool_use.py")
+        door_options["scripted_tool_uses"] = tmp_path / "script.json"
+    door_command = mitmdump_command(door_scripts, f"http://127.0.0.1:{engine_port}", door_port, door_options)
     proxy_options = {"upstream_model": SERVED_MODEL, "max_tokens_cap": ANSWER_TOKENS, "capture_dir": captures_dir}
     proxy_command = mitmdump_command(["addons/strip_billing.py", "addons/capture.py"], f"http://127.0.0.1:{door_port}",
                                      proxy_port, proxy_options)
@@ -282,3 +302,79 @@ def test_interactive_session_keeps_title_requests_in_their_own_lane(stack: Stack
     assert_every_later_request_of_a_lane_is_warm(turns)
     assert reused_after_each_turn[-1] > reused_after_each_turn[0], (
         f"tokens_reused must grow with the warm turn: {reused_after_each_turn}")
+
+
+def test_a_new_conversation_in_the_same_repository_reuses_its_prompt(stack: Stack, claude_binary: Path, tmp_path: Path, capsys) -> None:
+    """Two `claude -p` conversations in one git repository, an edit and a commit
+    between them: the second one's first request reuses >= 95% of its prompt
+    (system prompt, tools and the environment message; it parts at the git status)."""
+    sandbox = claude_code.Sandbox.create(tmp_path / "claude", git_repository=True)
+    claude = claude_code.ClaudeCode(claude_binary, sandbox, stack.proxy.url)
+    started = time.monotonic()
+    first = claude.print_turn("Say hello in one word.", timeout=COLD_TURN_TIMEOUT_S)
+    assert first.returncode == 0, f"the first conversation failed:\n{first.stdout}\n{first.stderr}"
+    sandbox.commit("notes.md", "Remember to write the tests first.\n", "Add notes")
+    stats_before = stack.cache_stats()
+    second = claude.print_turn("Now say goodbye in one word.", timeout=COLD_TURN_TIMEOUT_S)
+    assert second.returncode == 0, f"the second conversation failed:\n{second.stdout}\n{second.stderr}"
+    wait_until_quiet(stack)
+    turns = collect_turns(stack)
+    stats = stack.cache_stats()
+    with capsys.disabled():
+        print_table("claude -p, a commit, claude -p again in the same repository", turns, stats, time.monotonic() - started)
+        print(f"second conversation's first request: {turns[-1].capture['diagnosis']['line']}")
+
+    assert [turn.kind for turn in turns] == ["main", "main"] and turns[0].lane == turns[1].lane == "main"
+    assert turns[0].arrived["session"] != turns[1].arrived["session"], "each `claude -p` is a new conversation"
+    diagnosis = turns[1].capture["diagnosis"]
+    assert diagnosis["cause"] == "new conversation", diagnosis["line"]
+    assert diagnosis["first_divergence"]["path"].startswith("messages[1]"), "the break lies in the git status, behind the environment"
+    assert_billing_block_never_reached_the_engine(turns)
+    assert_requests_fit_the_server(turns)
+    new_conversation = turns[1]
+    assert new_conversation.reused_tokens >= MIN_NEW_CONVERSATION_REUSE * new_conversation.prompt_tokens, (
+        f"the new conversation reused {new_conversation.reused_tokens:,} of {new_conversation.prompt_tokens:,} prompt tokens")
+    assert stats["hits"] == stats_before["hits"] + 1
+    assert stats["tokens_reused"] - stats_before["tokens_reused"] == new_conversation.reused_tokens
+
+
+def test_two_subagent_tasks_of_one_type_each_reuse_their_own_instances_prefix(claude_binary: Path, tmp_path: Path, capsys) -> None:
+    """The main agent starts two Explore subagents at once (scripted); each takes
+    one scripted step and then its own next request reuses its own prefix."""
+    explore = [{"subagent_type": "Explore", "description": f"Look at the {what}", "prompt": f"Find out what the {what} says."}
+               for what in ("readme", "history")]
+    script = [{"tool": "Agent", "inputs": explore},
+              {"tool": "Bash", "inputs": [{"command": "ls", "description": "List the files"}]},
+              {"tool": "Bash", "inputs": [{"command": "git log --oneline", "description": "Show the history"}]}]
+    with running_stack(tmp_path / "stack", script) as stack:
+        claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), stack.proxy.url)
+        started = time.monotonic()
+        result = claude.print_turn("Explore this repository with two Explore agents at once.", timeout=2 * COLD_TURN_TIMEOUT_S)
+        assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
+        wait_until_quiet(stack)
+        turns = collect_turns(stack)
+        with capsys.disabled():
+            print_table("claude -p starting two Explore subagents", turns, stack.cache_stats(), time.monotonic() - started)
+
+    instances: dict[str, list[Turn]] = {}
+    for turn in turns:
+        agent_id = turn.capture["request"]["headers"].get("x-claude-code-agent-id")
+        if agent_id:
+            instances.setdefault(agent_id, []).append(turn)
+    assert len(instances) == 2, f"expected two subagent instances, saw agent ids {sorted(instances)}"
+    groups = set()
+    for agent_id, requests in instances.items():
+        lanes = {turn.lane for turn in requests}
+        assert lanes == {f"{requests[0].lane.split('@')[0]}@{agent_id[:8]}"}, f"instance {agent_id} is not in a lane of its own: {lanes}"
+        groups.add(requests[0].lane.split("@")[0])
+        assert len(requests) >= 2, f"instance {agent_id} sent {len(requests)} request(s); its scripted step should give it a second"
+        first, later = requests[0], requests[1:]
+        assert first.capture["diagnosis"]["request_in_lane"] == 1
+        for turn in later:
+            assert turn.capture["diagnosis"]["prefix_kept"], turn.capture["diagnosis"]["line"]
+            # Its own prefix: all of its first request's prompt, not only what it shares with the other instance.
+            assert turn.reused_tokens >= MIN_NEW_CONVERSATION_REUSE * first.prompt_tokens, (
+                f"instance {agent_id}: request {turn.number} reused {turn.reused_tokens:,} tokens, its first prompt had {first.prompt_tokens:,}")
+    assert len(groups) == 1 and groups.pop().startswith("sub:"), "both instances are of one subagent type"
+    assert_billing_block_never_reached_the_engine(turns)
+    assert_requests_fit_the_server(turns)

@@ -27,21 +27,41 @@ def search_result(body):
                 for block in message["content"] if block.get("type") == "tool_result" and block["tool_use_id"].startswith("toolu_search"))
 
 
+def forwarded_tools(body):
+    body = copy.deepcopy(body)
+    normalize.inline_loaded_tools(body, "anthropic")
+    return body["tools"]
+
+
 def test_a_loaded_deferred_tool_leaves_tools_for_the_tool_result_that_loaded_it():
     body = loaded_at_2()
     changes = normalize.inline_loaded_tools(body, "anthropic")
-    assert [tool["name"] for tool in body["tools"]] == [tool["name"] for tool in claude_code.modern_tools()]
+    assert "WebFetch" not in normalize.tool_names(body)
     web_fetch = claude_code.DEFERRED_TOOLS["WebFetch"]
     assert search_result(body)["content"] == [{"type": "text", "text": f"{INLINED_TOOLS_OPEN}{schema_line(web_fetch)}\n{INLINED_TOOLS_CLOSE}"}]
-    assert changes == [Change("loaded_tools", "messages[5]", "schema of WebFetch written into the tool result that loaded it"),
-                       Change("loaded_tools", "tools", "loaded tool WebFetch taken out of tools")]
+    assert changes[:2] == [Change("loaded_tools", "messages[5]", "schema of WebFetch written into the tool result that loaded it"),
+                           Change("loaded_tools", "tools", "loaded tool WebFetch taken out of tools")]
+
+
+def test_a_deferred_tool_nothing_loads_goes_last():
+    body = claude_code.modern_request(1)
+    changes = normalize.inline_loaded_tools(body, "anthropic")
+    assert body["tools"][-1] == claude_code.PLACEHOLDER_TOOL
+    assert normalize.tool_names(body)[:-1] == [name for name in normalize.tool_names(claude_code.modern_request(1)) if name != "DeferredPlaceholder"]
+    assert changes == [Change("loaded_tools", "tools", "deferred tool DeferredPlaceholder, loaded by no tool_reference, put last")]
+
+
+def test_after_compact_a_tool_loaded_earlier_goes_last_and_the_tools_sent_in_full_still_lead():
+    compacted = claude_code.compacted_request()
+    compacted["tools"] = loaded_at_2(4)["tools"]  # the tool stays loaded; the ToolSearch result is summarized away
+    in_full = len(claude_code.MODERN_TOOLS)
+    start, after = forwarded_tools(claude_code.modern_request(1)), forwarded_tools(compacted)
+    assert after[:in_full] == start[:in_full] == claude_code.MODERN_TOOLS
+    assert [tool["name"] for tool in after[in_full:]] == ["WebFetch", "DeferredPlaceholder"]
 
 
 def test_tools_after_a_load_are_byte_for_byte_those_the_conversation_started_with():
-    start = claude_code.modern_request(1)
-    later = loaded_at_2(5)
-    normalize.inline_loaded_tools(later, "anthropic")
-    assert later["tools"] == start["tools"]
+    assert forwarded_tools(loaded_at_2(5)) == forwarded_tools(claude_code.modern_request(1))
 
 
 def test_the_turn_after_a_load_keeps_the_whole_prefix():
@@ -72,7 +92,8 @@ def test_a_reference_to_a_tool_missing_from_tools_is_left_as_it_is():
     body = loaded_at_2()
     body["tools"] = [tool for tool in body["tools"] if tool["name"] != "WebFetch"]
     before = copy.deepcopy(body)
-    assert normalize.inline_loaded_tools(body, "anthropic") == [] and body == before
+    normalize.inline_loaded_tools(body, "anthropic")
+    assert body["messages"] == before["messages"]
 
 
 def test_two_tools_loaded_at_once_share_one_text_block_in_reference_order():
@@ -102,7 +123,8 @@ def test_other_blocks_of_the_tool_result_stay_around_the_schema():
 def test_tool_results_without_references_are_untouched():
     body = claude_code.modern_request(4)
     before = copy.deepcopy(body)
-    assert normalize.inline_loaded_tools(body, "anthropic") == [] and body == before
+    normalize.inline_loaded_tools(body, "anthropic")
+    assert body["messages"] == before["messages"]
 
 
 def test_a_body_without_tools_is_left_alone():

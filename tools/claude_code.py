@@ -123,10 +123,15 @@ class Sandbox:
     workdir: Path
 
     @classmethod
-    def create(cls, root: Path, api_key: str = DUMMY_API_KEY) -> Sandbox:
+    def create(cls, root: Path, api_key: str = DUMMY_API_KEY, *, git_repository: bool = False) -> Sandbox:
+        """`git_repository`: the working directory is a git repository with one
+        commit, as a user's project is (Claude Code then sends its git status)."""
         sandbox = cls(home=root / "home", config_dir=root / "claude-config", workdir=root / "project")
         for folder in (sandbox.home, sandbox.config_dir, sandbox.workdir):
             folder.mkdir(parents=True, exist_ok=True)
+        if git_repository:
+            sandbox.git("init", "--quiet", "--initial-branch=main")
+            sandbox.commit("README.md", "A small project.\n", "Start the project")
         # Each key answers a first-run dialog that would otherwise wait for a keypress.
         global_config = {
             "hasCompletedOnboarding": True,
@@ -141,6 +146,22 @@ class Sandbox:
         }
         (sandbox.config_dir / ".claude.json").write_text(json.dumps(global_config, indent=2))
         return sandbox
+
+    def git(self, *arguments: str) -> str:
+        """Run git in the working directory, with an identity of its own and none of the caller's config."""
+        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "GIT_CONFIG_NOSYSTEM": "1",
+                       "GIT_AUTHOR_NAME": "Sandbox", "GIT_AUTHOR_EMAIL": "sandbox@example.invalid",
+                       "GIT_COMMITTER_NAME": "Sandbox", "GIT_COMMITTER_EMAIL": "sandbox@example.invalid"}
+        completed = subprocess.run(["git", *arguments], cwd=self.workdir, env=environment, capture_output=True, text=True, timeout=60)
+        if completed.returncode != 0:
+            raise RuntimeError(f"git {' '.join(arguments)} in {self.workdir} failed: {completed.stderr.strip()}")
+        return completed.stdout
+
+    def commit(self, path: str, text: str, message: str) -> None:
+        """Write a file and commit it (a change the next conversation's git status shows)."""
+        (self.workdir / path).write_text(text)
+        self.git("add", path)
+        self.git("commit", "--quiet", "-m", message)
 
 
 @dataclass(frozen=True)

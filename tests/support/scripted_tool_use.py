@@ -1,11 +1,13 @@
-"""A mitmdump script that answers chosen requests with scripted tool calls.
+"""A mitmdump script that turns the engine's answer to chosen requests into scripted tool calls.
 
 The tiny test model has random weights and never calls a tool, so a test that
-needs Claude Code to start subagents or load a deferred tool scripts that one
-decision here, in front of the real engine, and forwards everything else:
+needs Claude Code to start subagents (or a subagent to take a step) scripts
+that one decision here, at the engine's door. The request itself still goes to
+the real engine, which prefills (and caches) it as usual; only the answer that
+comes back is replaced:
 
     mitmdump --mode reverse:http://127.0.0.1:ENGINE -p DOOR \\
-        -s tests/support/scripted_tool_use.py -s tests/support/upstream_recorder.py \\
+        -s tests/support/upstream_recorder.py -s tests/support/scripted_tool_use.py \\
         --set scripted_tool_uses=script.json
 
 `script.json` is a list of steps, each used once, in order:
@@ -13,12 +15,11 @@ decision here, in front of the real engine, and forwards everything else:
     [{"tool": "Agent", "inputs": [{"subagent_type": "Explore", "description": "...", "prompt": "..."}, ...]}]
 
 A step answers the first `POST /v1/messages` that offers a tool named `tool`
-and ends with a fresh user prompt (its last non-system message holds no
-`tool_result`):
+and whose last message (system messages aside: Claude Code sends its
+environment after the prompt) is a fresh user prompt without a `tool_result`:
 one streamed assistant message with one `tool_use` block per input, so two
-inputs start two subagents at once. Every other request goes on to the engine.
-Scripted flows are marked (`flow.metadata["scripted"]`), so the recorder
-behind this script knows they never reached the engine.
+inputs start two subagents at once. The usage the engine reported is kept.
+Load it after the recorder, which then records the engine's own answer.
 """
 
 from __future__ import annotations
@@ -31,19 +32,37 @@ from mitmproxy import ctx, http
 
 logger = logging.getLogger(__name__)
 
-SCRIPTED = "scripted"
+SCRIPTED_CALLS = "scripted_calls"
 
 
 def sse_event(name: str, data: dict) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def tool_use_events(model: str, calls: list[tuple[str, str, dict]]) -> bytes:
+def usage_in(stream: bytes) -> dict:
+    """The usage objects of Anthropic SSE events, merged."""
+    usage: dict = {}
+    for line in stream.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data:"):
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            message = event.get("message")
+            for found in (message.get("usage") if isinstance(message, dict) else None, event.get("usage")):
+                if isinstance(found, dict):
+                    usage.update(found)
+    return usage
+
+
+def tool_use_events(model: str, calls: list[tuple[str, str, dict]], usage: dict) -> bytes:
     """An Anthropic streamed message whose content is the given (id, name, input) tool calls."""
-    usage = {"input_tokens": 0, "output_tokens": 0}
+    opening = {key: value for key, value in usage.items() if key != "output_tokens"}
     events = [sse_event("message_start", {"type": "message_start", "message": {
         "id": "msg_scripted", "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": usage}})]
+        "stop_reason": None, "stop_sequence": None, "usage": {**opening, "output_tokens": 0}}})]
     for index, (call_id, name, tool_input) in enumerate(calls):
         events += [
             sse_event("content_block_start", {"type": "content_block_start", "index": index,
@@ -54,14 +73,13 @@ def tool_use_events(model: str, calls: list[tuple[str, str, dict]]) -> bytes:
         ]
     events += [
         sse_event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-                                    "usage": {"output_tokens": 1}}),
+                                    "usage": {"output_tokens": len(calls)}}),
         sse_event("message_stop", {"type": "message_stop"}),
     ]
     return b"".join(events)
 
 
 def ends_with_user_prompt(body: dict) -> bool:
-    """The last message (system messages aside: Claude Code appends its environment after the prompt) is a user prompt."""
     messages = [message for message in body.get("messages") or [] if message.get("role") != "system"]
     if not messages or messages[-1].get("role") != "user":
         return False
@@ -97,12 +115,25 @@ class ScriptedToolUse:
             return
         self.steps.pop(0)
         self.answered += 1
-        calls = [(f"toolu_scripted_{self.answered:02d}_{index:02d}", step["tool"], tool_input)
-                 for index, tool_input in enumerate(step["inputs"])]
-        logger.info(f"scripted_tool_use: answering with {len(calls)} {step['tool']} call(s)")
-        flow.metadata[SCRIPTED] = True
-        flow.response = http.Response.make(200, tool_use_events(str(body.get("model", "")), calls),
-                                           {"content-type": "text/event-stream", "cache-control": "no-cache"})
+        calls = [(f"toolu_scripted_{self.answered:02d}_{index:02d}", step["tool"], tool_input) for index, tool_input in enumerate(step["inputs"])]
+        flow.metadata[SCRIPTED_CALLS] = {"model": str(body.get("model", "")), "calls": calls}
+        logger.info(f"scripted_tool_use: the engine's answer will be {len(calls)} {step['tool']} call(s)")
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        script = flow.metadata.get(SCRIPTED_CALLS)
+        if script is None or flow.response is None or flow.response.status_code != 200:
+            return
+        previous = flow.response.stream if callable(flow.response.stream) else None
+        engine_answer: list[bytes] = []
+
+        def replace(chunk: bytes) -> list[bytes]:
+            engine_answer.append(previous(chunk) if previous else chunk)
+            if chunk:
+                return []  # nothing of the engine's answer goes on
+            return [tool_use_events(script["model"], script["calls"], usage_in(b"".join(engine_answer)))]
+
+        flow.response.stream = replace
+        flow.response.headers.pop("content-length", None)
 
 
 addons = [ScriptedToolUse()]
