@@ -14,9 +14,15 @@ earned its keep. Every break of the forwarded pair gets a `cause`:
   <label>; <option> off   a disabled rule's subject sits where it broke
   environment             a line naming the working directory, platform,
                           model or date changed
-  compaction              the conversation restarted in the same session
-                          (`x-claude-code-session-id`), or with the empty
-                          system message Claude Code sends after /compact
+  compaction              the request newly carries the empty system message
+                          Claude Code 2.1.3xx sends after /compact, or the
+                          main agent's conversation restarted in the same
+                          session (`x-claude-code-session-id`)
+  history edited          the break lies in the conversation after its first
+                          assistant message: a message was changed or the
+                          history cut back (a rewind; the summary request of
+                          /compact, which appends its instructions to an
+                          earlier message)
   new conversation        the main agent's conversation restarted (a new
                           session, `/clear`)
   new task                a subagent or side lane's conversation restarted
@@ -48,6 +54,7 @@ from stable_prefix.addons.prompt_order import Comparison, Divergence, PromptOrde
 
 ENVIRONMENT = "environment"
 COMPACTION = "compaction"
+HISTORY_EDITED = "history edited"
 NEW_CONVERSATION = "new conversation"
 NEW_TASK = "new task"
 UNEXPLAINED = "unexplained"
@@ -267,14 +274,19 @@ def _tool_names(order: PromptOrder) -> list[str]:
     return [normalize.tool_names({"tools": [s.value]})[0] for s in order.segments if s.path.startswith("tools[")]
 
 
+def _in_conversation(previous: PromptOrder, divergence: Divergence) -> bool:
+    """The break lies in one of the previous request's messages (not in system text or tools)."""
+    segments = previous.segments
+    index = divergence.segment_index
+    return index < len(segments) and _message_index(segments[index]) is not None and not _is_system_text(segments[index])
+
+
 def _restarts_conversation(previous: PromptOrder, divergence: Divergence) -> bool:
     """The break lies in the conversation, before the previous request's
     first assistant message: the conversation began anew."""
     segments = previous.segments
     first_assistant = next((i for i, s in enumerate(segments) if isinstance(s.value, dict) and s.value.get("role") == "assistant"), len(segments))
-    in_conversation = divergence.segment_index < len(segments) and _message_index(segments[divergence.segment_index]) is not None
-    in_conversation = in_conversation and not _is_system_text(segments[divergence.segment_index])
-    return in_conversation and divergence.segment_index <= first_assistant
+    return _in_conversation(previous, divergence) and divergence.segment_index <= first_assistant
 
 
 def _changed_lines(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> list[str]:
@@ -322,6 +334,7 @@ class LaneState:
     raw: PromptOrder
     forwarded: PromptOrder
     session: str | None = None
+    empty_system_message: bool = False
     requests: int = 0
     compared: int = 0
     kept: int = 0
@@ -356,7 +369,7 @@ class PrefixDiagnosis:
         forwarded = prompt_order(forwarded_body, client.api, reuse)
         state = self.lanes.get(lane)
         if state is None:
-            self.lanes[lane] = LaneState(client.order, forwarded, client.session, requests=1)
+            self.lanes[lane] = LaneState(client.order, forwarded, client.session, client.empty_system_message, requests=1)
             return self._remember(Diagnosis(lane, 1, None, forwarded.total_bytes, shared=self._best_earlier(forwarded)), forwarded)
         comparison = compare(state.forwarded, forwarded)
         explained_by = cause = shared = None
@@ -374,8 +387,8 @@ class PrefixDiagnosis:
             # one removed it (when its option is off, both breaks are its).
             if rule and rule != explained_by and (self.rules is None or self.rules.enabled(rule)):
                 neutralized = Neutralized(rule, raw_comparison.first_divergence)
-        previous_session = state.session
-        state.raw, state.forwarded, state.session = client.order, forwarded, client.session or previous_session
+        state.raw, state.forwarded, state.session = client.order, forwarded, client.session or state.session
+        state.empty_system_message = client.empty_system_message
         state.requests += 1
         state.compared += 1
         state.kept += comparison.prefix_kept
@@ -393,11 +406,12 @@ class PrefixDiagnosis:
             return rule_note(explained_by, applied=False)
         if any(normalize.is_environment_line(line) for line in _changed_lines(state.forwarded, forwarded, divergence)):
             return ENVIRONMENT
+        if client.empty_system_message and not state.empty_system_message:
+            return COMPACTION  # wherever it broke: a tool loaded before may have moved too
         if not _restarts_conversation(state.forwarded, divergence):
-            return UNEXPLAINED
+            return HISTORY_EDITED if _in_conversation(state.forwarded, divergence) else UNEXPLAINED
         is_main = lane_group(lane).startswith("main")
-        same_session = client.session is not None and client.session == state.session
-        if client.empty_system_message or (is_main and same_session):
+        if is_main and client.session is not None and client.session == state.session:
             return COMPACTION
         return NEW_CONVERSATION if is_main else NEW_TASK
 

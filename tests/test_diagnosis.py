@@ -213,6 +213,24 @@ def test_the_empty_system_message_after_compact_says_compaction_without_headers_
     assert result.cause == "compaction" and "rewrite_system_messages off" not in result.line()
 
 
+def test_compaction_is_named_even_where_a_tool_loaded_before_it_moved():
+    session = Session()
+    session.send(claude_code.modern_request(4, load_tools_at={2: ("WebFetch",)}))
+    compacted = claude_code.compacted_request()
+    compacted["tools"] = claude_code.modern_request(4, load_tools_at={2: ("WebFetch",)})["tools"]
+    result = session.send(compacted)
+    assert result.comparison.first_divergence.path.startswith("tools[") and result.cause == "compaction"
+
+
+def test_a_conversation_cut_back_to_an_earlier_message_and_changed_is_history_edited():
+    session = Session()
+    session.send(claude_code.modern_request(6))
+    rewound = claude_code.modern_request(4)
+    rewound["messages"][-1]["content"][0]["content"] = "a different result"
+    result = session.send(rewound)
+    assert result.cause == "history edited"
+
+
 def test_a_subagent_lane_whose_first_message_changes_has_a_new_task():
     session = Session()
     session.send(claude_code.modern_subagent_request("explore", 2, task="Find the tests."))
