@@ -88,6 +88,7 @@ def running_stack(tmp_path: Path, script: list[dict] | None = None) -> Iterator[
     """Engine, door and proxy; `script`: tool calls the door puts in place of the engine's answers."""
     if not (TINY_MODEL / "config.json").exists():
         pytest.fail(f"{TINY_MODEL} is missing; run `make tiny-model` first", pytrace=False)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     logs = tmp_path / "logs"
     door_record = tmp_path / "arrived-at-engine.jsonl"
     captures_dir = tmp_path / "captures"
