@@ -549,7 +549,8 @@ def inline_loaded_tools(body: dict, api: Api) -> list[Change]:
     and write its schema, as text, into the tool result in place of the
     reference: `tools` stays what the conversation started with, and the tool
     result, once written, reads the same on every later turn. A reference we
-    cannot rewrite leaves its tool in `tools`."""
+    cannot rewrite leaves its tool in `tools`. Deferred tools no reference
+    loads go last (`_unloaded_last`)."""
     tools = body.get("tools")
     if not isinstance(tools, list):
         return []
@@ -569,17 +570,27 @@ def inline_loaded_tools(body: dict, api: Api) -> list[Change]:
     kept = [tool for tool in tools if _tool_name(tool) not in inlined]
     if inlined:
         changes.append(Change(LOADED_TOOLS, "tools", f"loaded tool {', '.join(inlined)} taken out of tools"))
-    # A deferred tool that no reference loads (after /compact the summary
-    # replaced the ToolSearch result; or Claude Code's placeholder) goes last,
-    # so the tools the conversation started with still lead.
-    referenced = tool_reference_names(body, api)
-    unloaded = [tool for tool in kept if api == "anthropic" and _is_deferred(tool, api) and _tool_name(tool) not in referenced]
-    ordered = [tool for tool in kept if tool not in unloaded] + unloaded
-    if [id(tool) for tool in ordered] != [id(tool) for tool in tools]:
+    ordered, moved = _unloaded_last(body, api, kept)
+    if moved:
+        changes.append(Change(LOADED_TOOLS, "tools", f"deferred tool {', '.join(moved)}, loaded by no tool_reference, put last"))
+    if inlined or moved:
         body["tools"] = ordered
-        if unloaded and [id(tool) for tool in ordered] != [id(tool) for tool in kept]:
-            changes.append(Change(LOADED_TOOLS, "tools", f"deferred tool {', '.join(map(_tool_name, unloaded))}, loaded by no tool_reference, put last"))
     return changes
+
+
+def _unloaded_last(body: dict, api: Api, tools: list) -> tuple[list, list[str]]:
+    """`tools` with the deferred ones no reference loads at the end (Claude
+    Code's placeholder; after /compact, a tool whose ToolSearch result the
+    summary replaced), so the tools sent in full still lead; and the names of
+    those that moved. Anthropic only: on the OpenAI path no tool says it is
+    deferred."""
+    if api != "anthropic":
+        return tools, []
+    referenced = tool_reference_names(body, api)
+    unloaded = {id(tool) for tool in tools if _is_deferred(tool, api) and _tool_name(tool) not in referenced}
+    ordered = [tool for tool in tools if id(tool) not in unloaded] + [tool for tool in tools if id(tool) in unloaded]
+    moved = [_tool_name(tool) for tool in tools if id(tool) in unloaded] if list(map(id, ordered)) != list(map(id, tools)) else []
+    return ordered, moved
 
 
 def deferred_tool_names(body: dict, api: Api) -> set[str]:
