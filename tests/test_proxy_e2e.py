@@ -127,7 +127,7 @@ def test_no_request_reached_the_upstream_with_the_billing_header(session):
 def test_system_messages_reached_the_upstream_as_user_reminders(session):
     messages = session.received["main-2"].json()["messages"]
     assert all(message["role"] != "system" for message in messages)
-    assert messages[1]["content"].startswith("<system-reminder>\n")
+    assert messages[0]["content"].startswith("<system-reminder>\n")  # initial context: before the first user message
 
 
 def test_model_was_mapped_and_max_tokens_capped(session):
@@ -208,7 +208,7 @@ def test_diagnosis_lines_are_in_the_mitmdump_log(session):
     assert "lane side:title · first request · " in log
     assert "lane main · first request · " in log
     assert "lane main · prefix stable " in log and "raw broke at system[0].text byte " in log and "(billing header; stripped)" in log
-    assert "lane main · prefix broke at system[1].text byte " in log  # the /clear
+    assert "lane main · prefix broke at messages[1].content[0].text byte " in log and "(new conversation)" in log  # the /clear
 
 
 def test_unreadable_body_is_reported_as_passed_through(session):
