@@ -31,7 +31,7 @@ import logging
 
 from mitmproxy import ctx, exceptions, http
 
-from stable_prefix.addons import normalize
+from stable_prefix.addons import exposure, normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis
 from stable_prefix.addons.request_body import FLOW_NOTES, normalize_request
 
@@ -96,9 +96,13 @@ class StripBilling:
         )
         loader.add_option("max_tokens_cap", int, 0, "Lower max_tokens (and max_completion_tokens) to at most this; 0: no cap.")
         loader.add_option("prefix_diagnosis", bool, True, "Log a prefix diagnosis per request and put it in flow.comment.")
+        exposure.declare_option(loader)
 
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
+
+    def running(self) -> None:
+        exposure.warn_if_exposed(ctx.options)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
