@@ -92,6 +92,11 @@ def argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def looks_like_a_path(model: str) -> bool:
+    """A Hugging Face id is `namespace/name`; anything else with a slash, or starting with `.`/`~`, is a folder."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or Path(model).expanduser().exists()
+
+
 def parse_options(argv: list[str]) -> StackOptions:
     ours, engine_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = argument_parser().parse_args(ours)
@@ -102,6 +107,8 @@ def parse_options(argv: list[str]) -> StackOptions:
     for option in args.proxy_options:
         if "=" not in option:
             raise StackError(f"--set {option}: expected NAME=VALUE")
+    if looks_like_a_path(args.model) and not Path(args.model).expanduser().is_dir():
+        raise StackError(f"{args.model}: no such model folder (a Hugging Face id looks like mlx-community/NAME)")
     if args.max_tokens <= 0:
         raise StackError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
     return StackOptions(model=args.model, port=args.port, engine_port=args.engine_port, web=args.web, web_port=args.web_port,
@@ -262,7 +269,9 @@ def run(options: StackOptions) -> int:
             ready=lambda: http_ok(f"{proxy_url}/v1/models") and (not options.web or web_url(proxy_log) is not None)))
         web = web_url(proxy.log_path) if options.web else None
         state = {"url": proxy_url, "model": options.model_name, "max_tokens": options.max_tokens, "pid": os.getpid(),
-                 "engine_url": engine_url, "web_url": web, "captures": str(session_dir)}
+                 "engine_url": engine_url, "web_url": web, "captures": str(session_dir),
+                 # Process group leaders (running() starts each server in its own session).
+                 "engine_pid": engine.process.pid, "proxy_pid": proxy.process.pid}
         make_private_dirs(state_path.parent)
         write_private(state_path, json.dumps(state, indent=1))
         try:
@@ -287,7 +296,7 @@ def main(argv: list[str]) -> int:
     except (RuntimeError, TimeoutError) as error:  # a server that did not come up; running() stopped it
         what, _, log = str(error).partition("\n")
         tail = "\n".join("    " + line for line in log.splitlines()[-LOG_TAIL_LINES:])
-        print(f"stable-prefix up: the {what} Last lines of its log:\n{tail}\nNothing is left running.", file=sys.stderr)
+        print(f"stable-prefix up: the {what.rstrip(':')}. Last lines of its log:\n{tail}\nNothing is left running.", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nstable-prefix: stopped the engine and the proxy.", file=sys.stderr)
