@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, REQUEST_TIMEOUT_MS, ClaudeCodeUnavailable
@@ -102,11 +102,13 @@ class Router:
     claude_config_dir: Path
     workdir: Path
     claude_binary: Path
+    # Passed on to Claude Code: ccr starts it with its own environment plus a few variables of its own.
+    claude_environment: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def create(cls, cli: Path, sandbox_root: Path, *, claude_config_dir: Path, workdir: Path, claude_binary: Path,
-               proxy_url: str, model: str, port: int) -> Router:
-        router = cls(cli, sandbox_root / "router-home", claude_config_dir, workdir, claude_binary)
+               proxy_url: str, model: str, port: int, claude_environment: dict[str, str] | None = None) -> Router:
+        router = cls(cli, sandbox_root / "router-home", claude_config_dir, workdir, claude_binary, claude_environment or {})
         (router.home / ".claude-code-router").mkdir(parents=True, exist_ok=True)
         router.tmpdir.mkdir(parents=True, exist_ok=True)
         config = {**router_config(proxy_url, model, port=port),
@@ -140,6 +142,7 @@ class Router:
             "DISABLE_ERROR_REPORTING": "1",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "CLAUDE_CODE_MAX_RETRIES": "0",
+            **self.claude_environment,
         }
 
     def code(self, prompt: str, *, continue_conversation: bool = False, timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
