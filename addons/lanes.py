@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 
 from stable_prefix.addons.normalize import Api, is_billing_line, is_date_line, system_texts, tool_names
+from stable_prefix.addons.prompt_order import canonical_json, canonical_value
 
 OPENING_CHARS = 256
 AGENT_TOOLS = frozenset({"Task", "Agent"})
@@ -77,6 +78,21 @@ def lane_signature(body: dict, api: Api) -> LaneSignature:
         if kept:
             openings.append("\n".join(kept)[:OPENING_CHARS])
     return LaneSignature(tuple(sorted(tool_names(body))), "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body))
+
+
+def routing_key(body: dict, api: Api) -> str:
+    """A key for the lane's stable head, for routers that keep one key on one replica.
+
+    The head is what every request of a conversation repeats from the start: the
+    whole system text and the tool definitions, as the model reads them
+    (`cache_control` markers left out). Taken from the body as forwarded, after
+    the rules, so the rotating billing header does not change it. Unlike a lane's
+    name it covers all of the system text, the user's environment section
+    included: two users or two projects get different keys, and a router can
+    spread them over its replicas while each lane stays where its cache is.
+    """
+    head = [system_texts(body, api), canonical_value(body.get("tools") or [])]
+    return hashlib.sha256(canonical_json(head)).hexdigest()[:32]
 
 
 def _output_schema_fields(body: dict) -> set[str]:

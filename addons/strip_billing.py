@@ -28,16 +28,20 @@ Conventions for the addons in this folder:
 from __future__ import annotations
 
 import logging
+import re
 
 from mitmproxy import ctx, exceptions, http
 
 from stable_prefix.addons import exposure, normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis
+from stable_prefix.addons.lanes import routing_key
 from stable_prefix.addons.request_body import FLOW_NOTES, normalize_request
 
 logger = logging.getLogger(__name__)
 
 BROKEN_PREFIX_MARK = ":warning:"
+# An HTTP header name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # flow.metadata key of a request whose diagnosis waits for the upstream's answer.
 PENDING_DIAGNOSIS = "stable_prefix_pending"
 
@@ -96,10 +100,18 @@ class StripBilling:
         )
         loader.add_option("max_tokens_cap", int, 0, "Lower max_tokens (and max_completion_tokens) to at most this; 0: no cap.")
         loader.add_option("prefix_diagnosis", bool, True, "Log a prefix diagnosis per request and put it in flow.comment.")
+        loader.add_option(
+            "lane_routing_header", str, "",
+            "Add this header to forwarded requests, holding a stable key of the request's lane (a hash of its system text "
+            "and tools), for the session or cache-aware routing of a multi-replica engine; e.g. x-session-id. Empty: off.",
+        )
         exposure.declare_option(loader)
 
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
+        header = ctx.options.lane_routing_header
+        if header and not _HEADER_NAME.fullmatch(header):
+            raise exceptions.OptionsError(f"lane_routing_header={header!r}: not an HTTP header name")
 
     def running(self) -> None:
         exposure.warn_if_exposed(ctx.options)
@@ -114,6 +126,8 @@ class StripBilling:
         if result.changes:
             append_comment(flow, "normalized: " + "; ".join(notes["changes"]))
         flow.metadata[FLOW_NOTES] = notes
+        if ctx.options.lane_routing_header:
+            flow.request.headers[ctx.options.lane_routing_header] = routing_key(result.body, result.api)
         if ctx.options.prefix_diagnosis:
             flow.metadata[PENDING_DIAGNOSIS] = result
 
