@@ -1,6 +1,7 @@
 """Record every Claude Code API request, for `python -m stable_prefix.captures diff|report`.
 
-    mitmdump -s addons/strip_billing.py -s addons/capture.py --mode reverse:http://127.0.0.1:8000 -p 8080
+    mitmdump -s addons/strip_billing.py -s addons/capture.py --mode reverse:http://127.0.0.1:8000 \
+        --listen-host 127.0.0.1 -p 8080
 
 Writes `<capture_dir>/<session>/NNNN-<lane>.json` for each `POST /v1/messages`
 and `POST /v1/chat/completions` (nothing for other flows): method, path,

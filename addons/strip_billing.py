@@ -1,6 +1,6 @@
 """Keep Claude Code's prompt prefix stable on its way to a self-hosted model.
 
-    mitmdump -s addons/strip_billing.py --mode reverse:http://127.0.0.1:8000 -p 8080 \\
+    mitmdump -s addons/strip_billing.py --mode reverse:http://127.0.0.1:8000 --listen-host 127.0.0.1 -p 8080 \\
         --set upstream_model=<served model name> --set max_tokens_cap=8192
 
 For `POST /v1/messages` and `POST /v1/chat/completions` it applies the rules of

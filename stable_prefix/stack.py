@@ -39,6 +39,8 @@ DEFAULT_MAX_TOKENS = 8192
 # Loading a large model (or downloading it on first use) can take many minutes; a dead engine is noticed at once.
 STARTUP_TIMEOUT_S = 3600.0
 PROXY_SCRIPTS = ["addons/strip_billing.py", "addons/capture.py"]
+# mitmweb's flow list with the comment column, where each request's diagnosis is (a broken prefix also marks the flow).
+WEB_COLUMNS = ("icon", "path", "method", "status", "size", "time", "comment")
 LOG_TAIL_LINES = 25
 POLL_S = 0.5
 # Engine flags the launcher owns: a second value would move the engine off loopback or off its port.
@@ -164,6 +166,8 @@ def proxy_command(options: StackOptions, engine_url: str, session_dir: Path) -> 
     if options.web:
         settings.update(web_host=LOOPBACK, web_port=options.web_port, web_open_browser="false")
     command = mitmdump_command(PROXY_SCRIPTS, engine_url, options.port, settings, program="mitmweb" if options.web else "mitmdump")
+    if options.web:  # a list option: one --set per item
+        command += [part for column in WEB_COLUMNS for part in ("--set", f"web_columns={column}")]
     for option in options.proxy_options:
         command += ["--set", option]
     return command
