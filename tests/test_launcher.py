@@ -199,7 +199,10 @@ def test_mitmweb_shows_each_diagnosis_in_the_flow_comment_and_marks_a_broken_pre
     token = state["web_url"].split("token=")[1]
     web_root = state["web_url"].split("?")[0].rstrip("/")
     assert requests.get(f"{web_root}/flows", timeout=10).status_code == 403, "mitmweb's flow API must need its token"
-    flows = requests.get(f"{web_root}/flows", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+    authorized = {"Authorization": f"Bearer {token}"}
+    columns = requests.get(f"{web_root}/options", headers=authorized, timeout=10).json()["web_columns"]["value"]
+    assert "comment" in columns, f"the flow list must show the comment column: {columns}"
+    flows = requests.get(f"{web_root}/flows", headers=authorized, timeout=10).json()
     messages = [flow for flow in flows if flow["request"]["path"].startswith("/v1/messages")]
     assert messages, f"no /v1/messages flow in mitmweb: {[flow['request']['path'] for flow in flows]}"
     for flow in messages:
