@@ -22,8 +22,8 @@ from stable_prefix.tools.servers import http_ok
 USAGE = "usage: stable-prefix claude [--port N] [--claude PATH] [claude arguments...]"
 
 
-class NoStack(Exception):
-    pass
+class CannotLaunch(Exception):
+    """A usage error, or no running stack: the message says which and what to do."""
 
 
 def split_arguments(argv: list[str]) -> tuple[int, str | None, list[str]]:
@@ -31,11 +31,11 @@ def split_arguments(argv: list[str]) -> tuple[int, str | None, list[str]]:
     port, binary = DEFAULT_PORT, None
     while argv and argv[0] in ("--port", "--claude"):
         if len(argv) < 2:
-            raise NoStack(f"{argv[0]} needs a value\n{USAGE}")
+            raise CannotLaunch(f"{argv[0]} needs a value\n{USAGE}")
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--port":
             if not value.isdigit():
-                raise NoStack(f"--port {value!r}: not a port number\n{USAGE}")
+                raise CannotLaunch(f"--port {value!r}: not a port number\n{USAGE}")
             port = int(value)
         else:
             binary = value
@@ -47,12 +47,12 @@ def stack_state(port: int) -> dict:
     try:
         state = json.loads(path.read_text())
     except FileNotFoundError:
-        raise NoStack(f"no stack is running on port {port} ({path} does not exist). "
+        raise CannotLaunch(f"no stack is running on port {port} ({path} does not exist). "
                       f"Start one with `stable-prefix up MODEL{'' if port == DEFAULT_PORT else f' --port {port}'}`.") from None
     except (OSError, ValueError) as error:
-        raise NoStack(f"{path}: cannot be read ({error})") from None
+        raise CannotLaunch(f"{path}: cannot be read ({error})") from None
     if not http_ok(f"{state['url']}/v1/models", timeout=10):
-        raise NoStack(f"the stack recorded in {path} does not answer at {state['url']} (did `stable-prefix up` stop?)")
+        raise CannotLaunch(f"the stack recorded in {path} does not answer at {state['url']} (did `stable-prefix up` stop?)")
     return state
 
 
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         port, explicit_binary, claude_arguments = split_arguments(argv)
         state = stack_state(port)
         binary = user_binary(explicit_binary)
-    except (NoStack, ClaudeCodeUnavailable) as error:
+    except (CannotLaunch, ClaudeCodeUnavailable) as error:
         print(f"stable-prefix claude: {error}", file=sys.stderr)
         return 2
     environment = {name: value for name, value in os.environ.items() if name not in CREDENTIAL_VARIABLES}

@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, make_private_dirs, write_private
@@ -64,7 +64,7 @@ class StackOptions:
     cache_bytes: int | None = None
     capture_dir: Path = DEFAULT_CAPTURE_DIR
     proxy_options: tuple[str, ...] = ()
-    engine_args: tuple[str, ...] = field(default_factory=tuple)
+    engine_args: tuple[str, ...] = ()
     startup_timeout: float = STARTUP_TIMEOUT_S
 
     @property
@@ -132,6 +132,9 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+PORT_FLAGS = {"proxy": "--port", "engine": "--engine-port", "web UI": "--web-port"}
+
+
 def check_ports(ports: dict[str, int]) -> None:
     if len(set(ports.values())) < len(ports):
         raise StackError("two servers on one port: " + ", ".join(f"{name} {port}" for name, port in ports.items()))
@@ -139,9 +142,6 @@ def check_ports(ports: dict[str, int]) -> None:
         if port_in_use(port):
             raise StackError(f"port {port} on {LOOPBACK} is already in use, so the {name} cannot listen there. "
                              f"Stop what uses it (`lsof -i :{port}`), or choose another port ({PORT_FLAGS[name]} N). Nothing was started.")
-
-
-PORT_FLAGS = {"proxy": "--port", "engine": "--engine-port", "web UI": "--web-port"}
 
 
 # --- the two servers --------------------------------------------------------------------------------

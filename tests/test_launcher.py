@@ -7,6 +7,7 @@ left afterwards (by the process groups the state file names, and the ports).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,8 @@ class Launcher:
     stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
     readers: list[threading.Thread] = field(default_factory=list)
+    # The servers' process group leaders, from the state file once ready: teardown kills what is left of them.
+    children: list[int] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -72,7 +75,9 @@ class Launcher:
 
     def wait_until_ready(self) -> dict:
         self.wait_for(r"stable-prefix: ready\.")
-        return self.state()
+        state = self.state()
+        self.children = [state["engine_pid"], state["proxy_pid"]]
+        return state
 
     def exit_status(self, timeout: float = 60.0) -> int:
         returncode = self.process.wait(timeout=timeout)
@@ -107,48 +112,36 @@ def group_alive(pid: int) -> bool:
     return True
 
 
-def stop_launcher(launcher: Launcher, children: list[int]) -> None:
+def stop_launcher(launcher: Launcher) -> None:
     """Teardown, also after a failed test: Ctrl-C first, then whatever is left, by process group."""
+    if not launcher.children and launcher.state_path.exists():
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            launcher.children = [launcher.state()["engine_pid"], launcher.state()["proxy_pid"]]
     if launcher.process.poll() is None:
         launcher.process.send_signal(signal.SIGINT)
         try:
             launcher.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             launcher.process.kill()
-    for pid in children:
+    for pid in launcher.children:
         if group_alive(pid):
             os.killpg(pid, signal.SIGKILL)
 
 
-def children_of(launcher: Launcher) -> list[int]:
-    try:
-        state = launcher.state()
-    except (OSError, ValueError):
-        return []
-    return [state["engine_pid"], state["proxy_pid"]]
-
-
 @pytest.fixture
-def launched(tmp_path: Path) -> Iterator[callable]:
-    """Start launchers; each is stopped at the end, with no process left whatever the test did."""
-    started: list[tuple[Launcher, list[int]]] = []
+def launched(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
+    """Starts launchers; each is stopped at the end, with no process left whatever the test did."""
+    started: list[Launcher] = []
 
     def launch(*arguments: str, model: Path | None = None) -> Launcher:
-        launcher = start_launcher(tmp_path, *arguments, model=model)
-        started.append((launcher, []))
-        return launcher
+        started.append(start_launcher(tmp_path, *arguments, model=model))
+        return started[-1]
 
-    def remember_children() -> None:
-        for launcher, children in started:
-            children.extend(pid for pid in children_of(launcher) if pid not in children)
-
-    launch.remember_children = remember_children
     try:
         yield launch
     finally:
-        remember_children()
-        for launcher, children in started:
-            stop_launcher(launcher, children)
+        for launcher in started:
+            stop_launcher(launcher)
 
 
 def main_turn(topic: str, turns: int = 2) -> dict:
@@ -161,15 +154,11 @@ def main_turn(topic: str, turns: int = 2) -> dict:
 
 @pytest.fixture(scope="module")
 def web_stack(tmp_path_factory) -> Iterator[tuple[Launcher, dict]]:
-    tmp_path = tmp_path_factory.mktemp("web-stack")
-    launcher = start_launcher(tmp_path, "--web", "--web-port", str(free_port()))
-    children: list[int] = []
+    launcher = start_launcher(tmp_path_factory.mktemp("web-stack"), "--web", "--web-port", str(free_port()))
     try:
-        state = launcher.wait_until_ready()
-        children = [state["engine_pid"], state["proxy_pid"]]
-        yield launcher, state
+        yield launcher, launcher.wait_until_ready()
     finally:
-        stop_launcher(launcher, children or children_of(launcher))
+        stop_launcher(launcher)
 
 
 @pytest.mark.server
@@ -219,7 +208,6 @@ def test_mitmweb_shows_each_diagnosis_in_the_flow_comment_and_marks_a_broken_pre
 def test_ctrl_c_stops_both_servers_and_leaves_no_process(launched):
     launcher = launched()
     state = launcher.wait_until_ready()
-    launched.remember_children()
     engine_port = int(state["engine_url"].rsplit(":", 1)[1])
     launcher.process.send_signal(signal.SIGINT)
     assert launcher.exit_status() == 130
@@ -233,7 +221,6 @@ def test_ctrl_c_stops_both_servers_and_leaves_no_process(launched):
 def test_a_crashed_engine_stops_the_proxy_and_names_the_cause(launched):
     launcher = launched()
     state = launcher.wait_until_ready()
-    launched.remember_children()
     os.killpg(state["engine_pid"], signal.SIGKILL)
     assert launcher.exit_status() == 1
     launcher.wait_for(r"the engine was killed by signal SIGKILL; stopping the proxy\. Last lines of .*engine-\d+\.log", stream="stderr")
@@ -343,12 +330,13 @@ def test_claude_runs_claude_code_against_the_stack_with_the_served_model_and_the
     environment = {"PATH": os.environ["PATH"], "HOME": user["HOME"], "CLAUDE_CONFIG_DIR": user["CLAUDE_CONFIG_DIR"],
                    "XDG_STATE_HOME": str(launcher.state_home), "ANTHROPIC_API_KEY": "sk-ant-the-users-own-key",
                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    captures = Path(state["captures"])
+    earlier = set(captures.glob("*.json"))  # other tests' requests to the same stack
     result = subprocess.run([str(VENV_BIN / "stable-prefix"), "claude", "--port", str(launcher.port), "--claude", str(claude_binary),
                              "-p", "Say hello."], capture_output=True, text=True, env=environment, cwd=user["PWD"],
                             timeout=600, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, f"stable-prefix claude failed:\n{result.stdout}\n{result.stderr}"
-    records = [json.loads(path.read_text()) for path in sorted(Path(state["captures"]).glob("*.json"))]
-    from_claude = [record for record in records if "x-anthropic-billing-header" in json.dumps(record.get("client_body"))]
+    from_claude = [json.loads(path.read_text()) for path in sorted(set(captures.glob("*.json")) - earlier)]
     assert from_claude, "no request of Claude Code reached the proxy"
     for record in from_claude:
         assert record["client_body"]["model"] == state["model"], "Claude Code was not told the served model's name"
