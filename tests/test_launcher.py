@@ -336,7 +336,10 @@ def test_claude_runs_claude_code_against_the_stack_with_the_served_model_and_the
                              "-p", "Say hello."], capture_output=True, text=True, env=environment, cwd=user["PWD"],
                             timeout=600, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, f"stable-prefix claude failed:\n{result.stdout}\n{result.stderr}"
-    from_claude = [json.loads(path.read_text()) for path in sorted(set(captures.glob("*.json")) - earlier)]
+    deadline = time.monotonic() + 15  # the proxy writes a record as the answer ends, maybe after claude exited
+    while not (new_paths := sorted(set(captures.glob("*.json")) - earlier)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    from_claude = [json.loads(path.read_text()) for path in new_paths]
     assert from_claude, "no request of Claude Code reached the proxy"
     for record in from_claude:
         assert record["client_body"]["model"] == state["model"], "Claude Code was not told the served model's name"
