@@ -12,7 +12,7 @@ TINY_MODEL := build/tiny-model
 MODEL ?= $(TINY_MODEL)
 PYTEST_ARGS ?=
 
-.PHONY: setup tiny-model tiny-model-test lint test demo bench serve e2e-claude clean
+.PHONY: setup tiny-model tiny-model-test lint test demo bench serve e2e-claude e2e-ccr clean
 
 setup: $(VENV)/.setup-done
 
@@ -73,6 +73,13 @@ bench: setup tiny-model
 e2e-claude: setup tiny-model
 	$(PY) -m stable_prefix.tools.claude_code install
 	$(PY) -m pytest tests/test_claude_code_e2e.py $(PYTEST_ARGS)
+
+# The same conversation through claude-code-router (pinned npm release, into
+# .claude-cli/router/) to our proxy's OpenAI path. `make test` runs it too.
+e2e-ccr: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.claude_code install
+	$(PY) -m stable_prefix.tools.claude_code_router install
+	$(PY) -m pytest tests/test_ccr_e2e.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

@@ -9,8 +9,9 @@ Scripts (load with `mitmdump -s addons/<name>.py`):
 What they share (plain modules, imported as `addons.<name>`):
   normalize.py     what is volatile in a request, and the rules that fix it
   prompt_order.py  the bytes of a request in the order the model reads them
-  lanes.py         which requests belong together (main, sub-agents, side)
+  lanes.py         which requests belong together (main, sub-agents, side), and their routing key
   diagnosis.py     per-lane comparison: stable prefix, first divergence, cause
   request_body.py  which flows are ours; reading and writing their JSON bodies
   sse_events.py    server-sent events cut out of a chunked stream
+  exposure.py      the warning when the proxy listens beyond loopback
 """

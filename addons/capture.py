@@ -1,6 +1,7 @@
 """Record every Claude Code API request, for `python -m stable_prefix.captures diff|report`.
 
-    mitmdump -s addons/strip_billing.py -s addons/capture.py --mode reverse:http://127.0.0.1:8000 -p 8080
+    mitmdump -s addons/strip_billing.py -s addons/capture.py --mode reverse:http://127.0.0.1:8000 \
+        --listen-host 127.0.0.1 -p 8080
 
 Writes `<capture_dir>/<session>/NNNN-<lane>.json` for each `POST /v1/messages`
 and `POST /v1/chat/completions` (nothing for other flows): method, path,
@@ -12,6 +13,10 @@ time to headers, to the first body byte, to the first generated output (streamed
 answers), and total. Streamed answers are
 observed as they pass, never buffered. Works alone or with strip_billing in
 either order: the record is written when the response (or error) is complete.
+
+Records hold the user's code and prompts: files are created 0600, the folders
+this addon creates 0700. The default folder is `captures/sessions` under the
+directory mitmdump was started in, never inside the installed package.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from mitmproxy import ctx, exceptions, http
 
+from stable_prefix.addons import exposure
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.request_body import FLOW_NOTES, api_of
 from stable_prefix.addons.sse_events import SSEParser
@@ -33,7 +39,10 @@ from stable_prefix.addons.sse_events import SSEParser
 logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "stable-prefix capture 1"
-DEFAULT_CAPTURE_DIR = Path(__file__).resolve().parent.parent / "captures" / "sessions"
+# Relative: resolved against the working directory when the options are read.
+DEFAULT_CAPTURE_DIR = Path("captures", "sessions")
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
 REDACTED = "[redacted]"
 SECRET_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie", "anthropic-api-key"})
 CAPTURE_NOTES = "capture"
@@ -139,6 +148,24 @@ def _seconds(start: float | None, end: float | None) -> float | None:
     return round(end - start, 4) if start is not None and end is not None else None
 
 
+def make_private_dirs(path: Path) -> None:
+    """Create `path` and any missing parents 0700; folders that exist keep their modes."""
+    missing = [folder for folder in (path, *path.parents) if not folder.exists()]
+    for folder in reversed(missing):
+        folder.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+        folder.chmod(PRIVATE_DIR_MODE)  # mkdir's mode passes through the umask
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` (0600) through a temporary file, so a reader never sees half a record."""
+    temporary = path.with_suffix(".tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        os.fchmod(file.fileno(), PRIVATE_FILE_MODE)  # an older temporary file keeps its mode otherwise
+        file.write(text)
+    temporary.replace(path)
+
+
 def lane_file_name(seq: int, lane: str) -> str:
     return f"{seq:04d}-{lane.replace(':', '-').replace('/', '-')}.json"
 
@@ -146,19 +173,20 @@ def lane_file_name(seq: int, lane: str) -> str:
 class Capture:
     def __init__(self) -> None:
         self.seq = 0
-        self.session_dir = DEFAULT_CAPTURE_DIR / time.strftime("%Y%m%d-%H%M%S")  # until configure() says otherwise
+        self.session_dir = Path.cwd() / DEFAULT_CAPTURE_DIR / time.strftime("%Y%m%d-%H%M%S")  # until configure() says otherwise
         self.written = 0
         # Kept here, not in flow.metadata, which must stay serializable (`mitmdump -w`).
         self.observers: dict[str, UsageObserver] = {}
         self.diagnosis = PrefixDiagnosis()  # used only when strip_billing is not loaded
 
     def load(self, loader) -> None:
-        loader.add_option("capture_dir", str, "", f"Where capture sessions go (default: {DEFAULT_CAPTURE_DIR}).")
+        loader.add_option("capture_dir", str, "", f"Where capture sessions go (default: {DEFAULT_CAPTURE_DIR} in the working directory).")
         loader.add_option("capture_session", str, "", "Name of this session's folder (default: the start time, YYYYmmdd-HHMMSS).")
+        exposure.declare_option(loader)
 
     def configure(self, updated) -> None:
         if "capture_dir" in updated or "capture_session" in updated:
-            root = Path(ctx.options.capture_dir).expanduser() if ctx.options.capture_dir else DEFAULT_CAPTURE_DIR
+            root = (Path(ctx.options.capture_dir).expanduser() if ctx.options.capture_dir else DEFAULT_CAPTURE_DIR).absolute()
             if root.exists() and not root.is_dir():
                 raise exceptions.OptionsError(f"capture_dir={ctx.options.capture_dir!r}: exists and is not a directory")
             session = ctx.options.capture_session
@@ -166,6 +194,9 @@ class Capture:
                 raise exceptions.OptionsError(f"capture_session={session!r}: must be a plain folder name")
             self.session_dir = root / (session or time.strftime("%Y%m%d-%H%M%S"))
             self.seq = 0
+
+    def running(self) -> None:
+        exposure.warn_if_exposed(ctx.options)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if api_of(flow.request) is None:
@@ -199,10 +230,8 @@ class Capture:
         record = self.record(flow, notes)
         path = self.session_dir / lane_file_name(notes["seq"], record["lane"])
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(record, ensure_ascii=False, indent=1))
-            temporary.replace(path)
+            make_private_dirs(path.parent)
+            write_private(path, json.dumps(record, ensure_ascii=False, indent=1))
         except OSError as error:
             logger.error(f"capture: cannot write {path} ({error}); the request itself was not affected")
             return

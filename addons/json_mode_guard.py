@@ -1,6 +1,6 @@
 """Strict json_schema requests become json_object requests for models that stall on them.
 
-    mitmdump --mode reverse:http://127.0.0.1:8000 -s addons/json_mode_guard.py \\
+    mitmdump --mode reverse:http://127.0.0.1:8000 --listen-host 127.0.0.1 -s addons/json_mode_guard.py \\
         [--set json_mode_guard_models='*Coder*A3B*'] [--set json_mode_guard=false]
 
 `response_format: {"type": "json_schema", ...}` (LangChain's default for

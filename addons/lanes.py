@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stable_prefix.addons.normalize import Api, deferred_tool_names, git_status_start, is_billing_line, is_date_line, system_texts, tool_names
+from stable_prefix.addons.prompt_order import canonical_json, canonical_value
 
 OPENING_CHARS = 256
 INSTANCE_CHARS = 8
@@ -112,6 +113,38 @@ def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = Non
     tools = tuple(sorted(name for name in tool_names(body) if name not in deferred))
     instance = agent_id[:INSTANCE_CHARS] if agent_id else None
     return LaneSignature(tools, "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body), instance)
+
+
+def routing_key(body: dict, api: Api) -> str:
+    """A key for the lane's stable head, for routers that keep one key on one replica.
+
+    The head is what every request of a conversation repeats from the start: the
+    whole system text, the tool definitions, and the messages of pure
+    `<system-reminder>` context that lead the conversation (where the rules put
+    Claude Code's environment), as the model reads them (`cache_control` markers
+    left out). Taken from the body as forwarded, after the rules, so neither the
+    rotating billing header nor a conversation's git status changes it. The
+    environment (working directory) is in it: two projects get different keys,
+    and a router can spread them over its replicas while each lane stays where
+    its cache is.
+    """
+    head = [system_texts(body, api), canonical_value(body.get("tools") or []), _leading_context(body)]
+    return hashlib.sha256(canonical_json(head)).hexdigest()[:32]
+
+
+def _leading_context(body: dict) -> list:
+    """The messages before the conversation proper: user messages whose every
+    text is a `<system-reminder>`, up to the first other message."""
+    leading = []
+    for message in body.get("messages") or []:
+        if not isinstance(message, dict) or message.get("role") != "user":
+            break
+        content = message.get("content")
+        texts = [content] if isinstance(content, str) else [block.get("text") for block in content or [] if isinstance(block, dict)]
+        if not texts or not all(isinstance(text, str) and text.startswith("<system-reminder>") for text in texts):
+            break
+        leading.append(canonical_value(content))
+    return leading
 
 
 def _output_schema_fields(body: dict) -> set[str]:

@@ -1,6 +1,6 @@
 """Keep Claude Code's prompt prefix stable on its way to a self-hosted model.
 
-    mitmdump -s addons/strip_billing.py --mode reverse:http://127.0.0.1:8000 -p 8080 \\
+    mitmdump -s addons/strip_billing.py --mode reverse:http://127.0.0.1:8000 --listen-host 127.0.0.1 -p 8080 \\
         --set upstream_model=<served model name> --set max_tokens_cap=8192
 
 For `POST /v1/messages` and `POST /v1/chat/completions` it applies the rules of
@@ -29,16 +29,20 @@ Conventions for the addons in this folder:
 from __future__ import annotations
 
 import logging
+import re
 
 from mitmproxy import ctx, exceptions, http
 
-from stable_prefix.addons import normalize
+from stable_prefix.addons import exposure, normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis
+from stable_prefix.addons.lanes import routing_key
 from stable_prefix.addons.request_body import FLOW_NOTES, normalize_request
 
 logger = logging.getLogger(__name__)
 
 BROKEN_PREFIX_MARK = ":warning:"
+# An HTTP header name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # flow.metadata key of a request whose diagnosis waits for the upstream's answer.
 PENDING_DIAGNOSIS = "stable_prefix_pending"
 
@@ -121,10 +125,22 @@ class StripBilling:
         )
         loader.add_option("max_tokens_cap", int, 0, "Lower max_tokens (and max_completion_tokens) to at most this; 0: no cap.")
         loader.add_option("prefix_diagnosis", bool, True, "Log a prefix diagnosis per request and put it in flow.comment.")
+        loader.add_option(
+            "lane_routing_header", str, "",
+            "Add this header to forwarded requests, holding a stable key of the request's lane (a hash of its system text "
+            "and tools), for the session or cache-aware routing of a multi-replica engine; e.g. x-session-id. Empty: off.",
+        )
+        exposure.declare_option(loader)
 
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
         self.diagnosis.rules = self.rules
+        header = ctx.options.lane_routing_header
+        if header and not _HEADER_NAME.fullmatch(header):
+            raise exceptions.OptionsError(f"lane_routing_header={header!r}: not an HTTP header name")
+
+    def running(self) -> None:
+        exposure.warn_if_exposed(ctx.options)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
@@ -136,6 +152,8 @@ class StripBilling:
         if result.changes:
             append_comment(flow, "normalized: " + "; ".join(notes["changes"]))
         flow.metadata[FLOW_NOTES] = notes
+        if ctx.options.lane_routing_header:
+            flow.request.headers[ctx.options.lane_routing_header] = routing_key(result.body, result.api)
         if ctx.options.prefix_diagnosis:
             flow.metadata[PENDING_DIAGNOSIS] = result
 

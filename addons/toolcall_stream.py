@@ -1,6 +1,6 @@
 """Tool calls that the model wrote as text become real tool calls.
 
-    mitmdump --mode reverse:http://127.0.0.1:8000 -s addons/toolcall_stream.py
+    mitmdump --mode reverse:http://127.0.0.1:8000 --listen-host 127.0.0.1 -s addons/toolcall_stream.py
 
 When a request to `/v1/messages` or `/v1/chat/completions` offered tools and
 the model answers with `<tool_call>{...}</tool_call>` (or a ```json block) as

@@ -18,6 +18,18 @@ def _serve(argv: list[str]) -> int:
     return 0
 
 
+def _up(argv: list[str]) -> int:
+    from stable_prefix.stack import main
+
+    return main(argv)
+
+
+def _claude(argv: list[str]) -> int:
+    from stable_prefix.claude import main
+
+    return main(argv)
+
+
 def _captures(command: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
         from stable_prefix.captures.cli import main
@@ -29,6 +41,8 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 
 # command -> (one-line help, runner taking the remaining arguments)
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _up),
+    "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _claude),
     "serve": ("the patched vllm-mlx server: serve MODEL [--prefix-cache-bytes SIZE] [vllm-mlx flags]", _serve),
     "diff": ("compare two captured requests: diff A.json B.json [--normalized] [--json]", _captures("diff")),
     "report": ("per-lane prefix report of a capture folder: report DIR [--json]", _captures("report")),

@@ -45,6 +45,18 @@ REQUEST_TIMEOUT_MS = 30 * 60 * 1000
 # Dialogs the sandbox config answers in advance; seeing one means that config no longer works.
 FIRST_RUN_DIALOGS = ("Do you want to use this API key?", "Is this a project you created or one you trust",
                      "Choose the text style", "Select login method")
+# What every local run needs besides the URL: no telemetry, error reports or update checks, and
+# a timeout long enough for a cold prefill.
+OFFLINE_ENVIRONMENT = {
+    "API_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+# Sent as `Authorization: Bearer`: unlike ANTHROPIC_API_KEY, Claude Code asks no approval for it.
+LOCAL_AUTH_TOKEN = "local-model"
+# The user's own credentials must not go to a local server, and would make Claude Code ask which to use.
+CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_OAUTH_TOKEN")
 NATIVE_MAGICS = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"MZ")
 
 
@@ -75,6 +87,43 @@ def find_binary(cli_dir: Path = DEFAULT_CLI_DIR) -> Path | None:
         if is_native_executable(platform_binary):
             return platform_binary
     return None
+
+
+def stack_environment(base_url: str, model: str, max_output_tokens: int) -> dict[str, str]:
+    """The variables that point a user's own Claude Code at a running stack (`stable-prefix up`).
+
+    Every model slot names the served model, so the proxy's model mapping has nothing
+    to fix and Claude Code shows the real name; the output cap matches the proxy's.
+    """
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_AUTH_TOKEN": LOCAL_AUTH_TOKEN,
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "CLAUDE_CODE_SUBAGENT_MODEL": model,
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens),
+        **OFFLINE_ENVIRONMENT,
+    }
+
+
+def user_binary(explicit: str | None = None) -> Path:
+    """The Claude Code to launch for a user: `explicit`, else `claude` on PATH, else the pinned one in `.claude-cli/`."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not os.access(path, os.X_OK):
+            raise ClaudeCodeUnavailable(f"{explicit}: not an executable file")
+        return path
+    on_path = shutil.which("claude")
+    if on_path:
+        return Path(on_path)
+    pinned = find_binary()
+    if pinned:
+        return pinned
+    raise ClaudeCodeUnavailable(
+        f"no Claude Code found: none on PATH and none in {DEFAULT_CLI_DIR}. Install it with "
+        f"`npm install -g {CLI_PACKAGE}`, or the pinned {CLI_VERSION} with `python -m stable_prefix.tools.claude_code install`.")
 
 
 def installed_version(binary: Path) -> str | None:
@@ -188,11 +237,8 @@ class ClaudeCode:
             "CLAUDE_CONFIG_DIR": str(self.sandbox.config_dir),
             "ANTHROPIC_BASE_URL": self.base_url,
             "ANTHROPIC_API_KEY": self.api_key,
-            "API_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
             "CLAUDE_CODE_MAX_RETRIES": "0",  # a retry would be a second cold prefill and blur the lanes
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1",
+            **OFFLINE_ENVIRONMENT,
         }
         if not side_requests:
             environment["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"

@@ -97,7 +97,7 @@ def running(
         while not is_ready():
             if process.poll() is not None:
                 raise RuntimeError(
-                    f"{name} exited with {process.returncode} before it was ready:\n{server.log_text()[-4000:]}"
+                    f"{name} {exit_description(process.returncode)} before it was ready:\n{server.log_text()[-4000:]}"
                 )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} not ready after {startup_timeout:.0f}s:\n{server.log_text()[-4000:]}")
@@ -106,6 +106,15 @@ def running(
     finally:
         stop(process)
         log_file.close()
+
+
+def exit_description(returncode: int) -> str:
+    """`exited with code 1`, or `was killed by signal SIGKILL` (Popen's negative return codes)."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by signal {signal.Signals(-returncode).name}"
+        return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
 
 
 def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
@@ -121,8 +130,10 @@ def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
         process.wait(timeout=grace)
 
 
-def mitmdump_command(scripts: list[str], upstream: str, port: int, options: dict[str, object] | None = None) -> list[str]:
-    command = [str(VENV_BIN / "mitmdump"), "--mode", f"reverse:{upstream}", "--listen-host", LOOPBACK, "-p", str(port)]
+def mitmdump_command(scripts: list[str], upstream: str, port: int, options: dict[str, object] | None = None,
+                     program: str = "mitmdump") -> list[str]:
+    """`program` (mitmdump, or mitmweb) in reverse mode before `upstream`, listening on 127.0.0.1:`port`."""
+    command = [str(VENV_BIN / program), "--mode", f"reverse:{upstream}", "--listen-host", LOOPBACK, "-p", str(port)]
     for script in scripts:
         command += ["-s", str(REPO_ROOT / script)]
     for name, value in (options or {}).items():

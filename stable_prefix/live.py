@@ -1,0 +1,59 @@
+"""One line per request while the stack runs, read from the proxy's capture records.
+
+The capture record (`addons/capture.py`) is the one source: it is written when
+a request is complete and holds the lane, the engine's usage (prompt tokens and
+the part it reused), the time to the first generated output and the prefix
+diagnosis. A figure the record lacks is shown as `?`, never as 0.
+
+    #3 main · 11,733 prompt tok · 11,702 reused · TTFT 0.65 s · prefix stable 92,476/92,625 B (99.8%) · first change messages[12]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stable_prefix.bench.replay import reuse_from_usage
+
+
+def _count(value: int | None) -> str:
+    return f"{value:,}" if value is not None else "?"
+
+
+def live_line(record: dict) -> str:
+    response = record.get("response") or {}
+    reuse = reuse_from_usage(response.get("usage") or {})
+    prompt_tokens, reused = reuse if reuse else (None, None)
+    parts = [f"#{record.get('seq', '?')} {record.get('lane', 'unknown')}"]
+    status = response.get("status")
+    if status != 200:
+        parts.append(f"error: {response['error']}" if response.get("error") else f"HTTP {status}")
+    parts += [f"{_count(prompt_tokens)} prompt tok", f"{_count(reused)} reused"]
+    ttft = response.get("ttft_s")
+    parts.append(f"TTFT {ttft:.2f} s" if ttft is not None else "TTFT ?")
+    diagnosis = (record.get("diagnosis") or {}).get("line")
+    if diagnosis:
+        # The diagnosis line opens with its lane, already shown.
+        parts.append(diagnosis.removeprefix(f"lane {record.get('lane')} · "))
+    return " · ".join(parts)
+
+
+class CaptureFollower:
+    """The records that appeared in a capture session folder since the last call, oldest first."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.seen: set[str] = set()
+
+    def new_records(self) -> list[dict]:
+        records = []
+        # Records are renamed into place when complete (`.tmp` first), so every match is whole.
+        for path in sorted(self.folder.glob("[0-9]*-*.json"), key=lambda path: int(path.name.split("-")[0])):
+            if path.name in self.seen:
+                continue
+            self.seen.add(path.name)
+            try:
+                records.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as error:
+                records.append({"seq": int(path.name.split("-")[0]), "response": {"error": f"unreadable record {path}: {error}"}})
+        return records

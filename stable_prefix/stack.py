@@ -1,0 +1,311 @@
+"""`stable-prefix up MODEL`: the patched engine and the proxy in one command, both on 127.0.0.1.
+
+Starts `stable-prefix serve` (vllm-mlx with the prefix cache) and mitmdump (or
+mitmweb with `--web`) with strip_billing.py and capture.py before it, waits
+until a request goes through both, prints how to start Claude Code (or
+claude-code-router) against it, then one line per request (`live.py`). It stops
+both on Ctrl-C, and when either one dies (naming which and why, with the last
+lines of its log). A port in use, or an engine that cannot start, is a clear
+error with nothing left running.
+
+A small state file (`stack_state_path(port)`, 0600) tells `stable-prefix
+claude` where the running stack is; it is removed when the stack stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, make_private_dirs, write_private
+from stable_prefix.engine_patch.__main__ import parse_size
+from stable_prefix.live import CaptureFollower, live_line
+from stable_prefix.tools.claude_code import stack_environment
+from stable_prefix.tools.claude_code_router import router_config
+from stable_prefix.tools.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
+
+DEFAULT_PORT = 8080
+DEFAULT_WEB_PORT = 8081
+DEFAULT_MAX_TOKENS = 8192
+# Loading a large model (or downloading it on first use) can take many minutes; a dead engine is noticed at once.
+STARTUP_TIMEOUT_S = 3600.0
+PROXY_SCRIPTS = ["addons/strip_billing.py", "addons/capture.py"]
+# mitmweb's flow list with the comment column, where each request's diagnosis is (a broken prefix also marks the flow).
+WEB_COLUMNS = ("icon", "path", "method", "status", "size", "time", "comment")
+LOG_TAIL_LINES = 25
+POLL_S = 0.5
+# Engine flags the launcher owns: a second value would move the engine off loopback or off its port.
+RESERVED_ENGINE_FLAGS = ("--host", "--port", "--served-model-name", "--max-tokens", "--prefix-cache-bytes")
+_WEB_URL = re.compile(r"Web server listening at (\S+)")
+
+
+class StackError(Exception):
+    """Something the user can fix before anything starts (a port in use, a bad flag)."""
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    model: str
+    port: int = DEFAULT_PORT
+    engine_port: int | None = None
+    web: bool = False
+    web_port: int = DEFAULT_WEB_PORT
+    served_model_name: str = ""
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    cache_bytes: int | None = None
+    capture_dir: Path = DEFAULT_CAPTURE_DIR
+    proxy_options: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()
+    startup_timeout: float = STARTUP_TIMEOUT_S
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model.rstrip("/")).name
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stable-prefix up",
+        description="Run the patched engine and the proxy on 127.0.0.1 until Ctrl-C.",
+        epilog="Flags after `--` go to vllm-mlx, e.g. `-- --enable-auto-tool-choice --tool-call-parser qwen`.",
+    )
+    parser.add_argument("model", help="a local model folder or a Hugging Face id (mlx-community/...)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the proxy's port, where clients connect (default {DEFAULT_PORT})")
+    parser.add_argument("--engine-port", type=int, help="the engine's port (default: a free one)")
+    parser.add_argument("--web", action="store_true", help="run the proxy as mitmweb: every request with its diagnosis in a browser")
+    parser.add_argument("--web-port", type=int, default=DEFAULT_WEB_PORT, help=f"mitmweb's port (default {DEFAULT_WEB_PORT})")
+    parser.add_argument("--served-model-name", default="", help="the model's name on the wire (default: the model folder's name)")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                        help=f"the engine's default and the proxy's cap for max_tokens (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--cache-bytes", type=parse_size, help="the prefix cache's budget, e.g. 8GiB (default: 25%% of RAM)")
+    parser.add_argument("--capture-dir", type=Path, default=DEFAULT_CAPTURE_DIR,
+                        help=f"where capture sessions go (default: {DEFAULT_CAPTURE_DIR} in the working directory)")
+    parser.add_argument("--set", dest="proxy_options", action="append", default=[], metavar="NAME=VALUE",
+                        help="a proxy option, e.g. --set drop_date_line=true (repeatable)")
+    return parser
+
+
+def looks_like_a_path(model: str) -> bool:
+    """A Hugging Face id is `namespace/name`; anything else with a slash, or starting with `.`/`~`, is a folder."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or Path(model).expanduser().exists()
+
+
+def parse_options(argv: list[str]) -> StackOptions:
+    ours, engine_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    args = argument_parser().parse_args(ours)
+    for flag in engine_args:
+        if flag.split("=")[0] in RESERVED_ENGINE_FLAGS:
+            raise StackError(f"{flag}: set by `stable-prefix up` itself (the engine listens on {LOOPBACK}); "
+                             "use --engine-port, --served-model-name, --max-tokens or --cache-bytes")
+    for option in args.proxy_options:
+        if "=" not in option:
+            raise StackError(f"--set {option}: expected NAME=VALUE")
+    if looks_like_a_path(args.model) and not Path(args.model).expanduser().is_dir():
+        raise StackError(f"{args.model}: no such model folder (a Hugging Face id looks like mlx-community/NAME)")
+    if args.max_tokens <= 0:
+        raise StackError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
+    return StackOptions(model=args.model, port=args.port, engine_port=args.engine_port, web=args.web, web_port=args.web_port,
+                        served_model_name=args.served_model_name, max_tokens=args.max_tokens, cache_bytes=args.cache_bytes,
+                        capture_dir=args.capture_dir, proxy_options=tuple(args.proxy_options), engine_args=tuple(engine_args))
+
+
+# --- before anything starts -----------------------------------------------------------------------
+
+
+def port_in_use(port: int) -> bool:
+    """Whether a server could not listen on 127.0.0.1:`port` (SO_REUSEADDR, as the servers set it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return True
+    return False
+
+
+PORT_FLAGS = {"proxy": "--port", "engine": "--engine-port", "web UI": "--web-port"}
+
+
+def check_ports(ports: dict[str, int]) -> None:
+    if len(set(ports.values())) < len(ports):
+        raise StackError("two servers on one port: " + ", ".join(f"{name} {port}" for name, port in ports.items()))
+    for name, port in ports.items():
+        if port_in_use(port):
+            raise StackError(f"port {port} on {LOOPBACK} is already in use, so the {name} cannot listen there. "
+                             f"Stop what uses it (`lsof -i :{port}`), or choose another port ({PORT_FLAGS[name]} N). Nothing was started.")
+
+
+# --- the two servers --------------------------------------------------------------------------------
+
+
+def engine_command(options: StackOptions, port: int) -> list[str]:
+    command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", options.model,
+               "--host", LOOPBACK, "--port", str(port), "--served-model-name", options.model_name,
+               "--max-tokens", str(options.max_tokens)]
+    if options.cache_bytes:
+        command += ["--prefix-cache-bytes", str(options.cache_bytes)]
+    return command + list(options.engine_args)
+
+
+def proxy_command(options: StackOptions, engine_url: str, session_dir: Path) -> list[str]:
+    settings: dict[str, object] = {
+        "upstream_model": options.model_name,
+        "max_tokens_cap": options.max_tokens,
+        "capture_dir": session_dir.parent,
+        "capture_session": session_dir.name,
+    }
+    if options.web:
+        settings.update(web_host=LOOPBACK, web_port=options.web_port, web_open_browser="false")
+    command = mitmdump_command(PROXY_SCRIPTS, engine_url, options.port, settings, program="mitmweb" if options.web else "mitmdump")
+    if options.web:  # a list option: one --set per item
+        command += [part for column in WEB_COLUMNS for part in ("--set", f"web_columns={column}")]
+    for option in options.proxy_options:
+        command += ["--set", option]
+    return command
+
+
+def web_url(proxy_log: Path) -> str | None:
+    """mitmweb's address with its access token, as it logs it at start."""
+    match = _WEB_URL.search(proxy_log.read_text(errors="replace")) if proxy_log.exists() else None
+    return match.group(1) if match else None
+
+
+def log_tail(server: Server, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join("    " + line for line in server.log_text().splitlines()[-lines:])
+
+
+# --- telling the user ------------------------------------------------------------------------------
+
+
+def stack_state_path(port: int) -> Path:
+    state_home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return state_home / "stable-prefix" / f"stack-{port}.json"
+
+
+def client_instructions(options: StackOptions, proxy_url: str) -> str:
+    environment = stack_environment(proxy_url, options.model_name, options.max_tokens)
+    exports = " \\\n    ".join(f"{name}={value}" for name, value in environment.items())
+    port_flag = "" if options.port == DEFAULT_PORT else f" --port {options.port}"
+    config = json.dumps(router_config(proxy_url, options.model_name), indent=2)
+    return (
+        f"Claude Code against this stack, in another terminal:\n"
+        f"    stable-prefix claude{port_flag}\n"
+        f"or in any shell (unset ANTHROPIC_API_KEY first, if you have one set):\n"
+        f"    {exports} \\\n    claude\n\n"
+        f"claude-code-router instead: ~/.claude-code-router/config.json, then "
+        f"`CLAUDE_CODE_MAX_OUTPUT_TOKENS={options.max_tokens} ccr code`:\n"
+        + "\n".join("    " + line for line in config.splitlines())
+    )
+
+
+def print_ready(options: StackOptions, engine: Server, proxy: Server, session_dir: Path, web: str | None) -> None:
+    print(f"\nstable-prefix: ready. The model {options.model} is served as {options.model_name!r}.")
+    print(f"  proxy     {proxy.url}   (clients connect here)   log {proxy.log_path}")
+    print(f"  engine    {engine.url}   (cache stats: {engine.url}/v1/cache/stats)   log {engine.log_path}")
+    if options.web:
+        print(f"  mitmweb   {web or '(its address with the access token is in the proxy log)'}")
+    print(f"  captures  {session_dir}")
+    print()
+    print(client_instructions(options, proxy.url))
+    print("\nOne line per request: #seq lane · prompt tokens · reused from the engine's cache · time to first token · "
+          "prefix diagnosis. Ctrl-C stops both servers.\n", flush=True)
+
+
+# --- running ------------------------------------------------------------------------------------------
+
+
+# Ctrl-C, kill, and a closed terminal: each stops both servers before the launcher exits.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_on_signal(signum, frame) -> None:
+    # Once: a second Ctrl-C must not interrupt the orderly stop of the servers.
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def watch(servers: list[Server], follower: CaptureFollower) -> int:
+    """Print a line per new capture record until a server dies; return the exit status."""
+    while True:
+        for record in follower.new_records():
+            print(live_line(record), flush=True)
+        for server in servers:
+            returncode = server.process.poll()
+            if returncode is not None:
+                others = " and ".join(other.name for other in servers if other is not server)
+                print(f"\nstable-prefix: the {server.name} {exit_description(returncode)}; stopping the {others}. "
+                      f"Last lines of {server.log_path}:\n{log_tail(server)}", file=sys.stderr, flush=True)
+                return 1
+        time.sleep(POLL_S)
+
+
+def run(options: StackOptions) -> int:
+    engine_port = options.engine_port or free_port()
+    ports = {"proxy": options.port, "engine": engine_port}
+    if options.web:
+        ports["web UI"] = options.web_port
+    check_ports(ports)
+    session_dir = options.capture_dir.expanduser().absolute() / time.strftime("%Y%m%d-%H%M%S")
+    logs = session_dir / "logs"
+    make_private_dirs(logs)
+    state_path = stack_state_path(options.port)
+    engine_url = f"http://{LOOPBACK}:{engine_port}"
+    proxy_url = f"http://{LOOPBACK}:{options.port}"
+    proxy_log = logs / f"proxy-{options.port}.log"  # as running() names it
+    with contextlib.ExitStack() as servers:
+        print(f"stable-prefix: starting the engine ({options.model}) on {engine_url}; log {logs}/engine-{engine_port}.log", flush=True)
+        engine = servers.enter_context(running(
+            "engine", engine_command(options, engine_port), port=engine_port, log_dir=logs,
+            ready=lambda: http_ok(f"{engine_url}/v1/models"), startup_timeout=options.startup_timeout))
+        print(f"stable-prefix: starting the proxy on {proxy_url}", flush=True)
+        # Ready when a request goes through it to the engine.
+        proxy = servers.enter_context(running(
+            "proxy", proxy_command(options, engine_url, session_dir), port=options.port, log_dir=logs,
+            ready=lambda: http_ok(f"{proxy_url}/v1/models") and (not options.web or web_url(proxy_log) is not None)))
+        web = web_url(proxy.log_path) if options.web else None
+        state = {"url": proxy_url, "model": options.model_name, "max_tokens": options.max_tokens, "pid": os.getpid(),
+                 "engine_url": engine_url, "web_url": web, "captures": str(session_dir),
+                 # Process group leaders (running() starts each server in its own session).
+                 "engine_pid": engine.process.pid, "proxy_pid": proxy.process.pid}
+        make_private_dirs(state_path.parent)
+        write_private(state_path, json.dumps(state, indent=1))
+        try:
+            print_ready(options, engine, proxy, session_dir, web)
+            return watch([engine, proxy], CaptureFollower(session_dir))
+        finally:
+            state_path.unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        options = parse_options(argv)
+    except StackError as error:
+        print(f"stable-prefix up: {error}", file=sys.stderr)
+        return 2
+    previous = {signum: signal.signal(signum, _stop_on_signal) for signum in STOP_SIGNALS}
+    try:
+        return run(options)
+    except StackError as error:
+        print(f"stable-prefix up: {error}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError) as error:  # a server that did not come up; running() stopped it
+        what, _, log = str(error).partition("\n")
+        tail = "\n".join("    " + line for line in log.splitlines()[-LOG_TAIL_LINES:])
+        print(f"stable-prefix up: the {what.rstrip(':')}. Last lines of its log:\n{tail}\nNothing is left running.", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstable-prefix: stopped the engine and the proxy.", file=sys.stderr)
+        return 130
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
