@@ -11,11 +11,13 @@ import sys
 from collections.abc import Callable
 
 
-def _serve(argv: list[str]) -> int:
-    from stable_prefix.engine_patch.__main__ import main
+def _engine_patch(command: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        from stable_prefix.engine_patch.__main__ import main
 
-    main(["serve", *argv])
-    return 0
+        return main([command, *argv])
+
+    return run
 
 
 def _captures(command: str) -> Callable[[list[str]], int]:
@@ -29,7 +31,9 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 
 # command -> (one-line help, runner taking the remaining arguments)
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
-    "serve": ("the patched vllm-mlx server: serve MODEL [--prefix-cache-bytes SIZE] [vllm-mlx flags]", _serve),
+    "serve": ("the patched vllm-mlx server: serve MODEL [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
+              _engine_patch("serve")),
+    "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),
     "diff": ("compare two captured requests: diff A.json B.json [--normalized] [--json]", _captures("diff")),
     "report": ("per-lane prefix report of a capture folder: report DIR [--json]", _captures("report")),
 }
