@@ -34,15 +34,20 @@ $(VENV)/.setup-done: requirements.txt pyproject.toml
 # prompt. Rebuilt only when missing or when the script changed (same seed:
 # byte-identical files).
 # Any size: $(PY) -m stable_prefix.tools.build_tiny_model --out DIR --preset large --layers 8 ...
-tiny-model: $(TINY_MODEL)/config.json $(TINY_MODEL)-test/config.json
+tiny-model: $(TINY_MODEL)/config.json $(TINY_MODEL)-test/config.json $(TINY_MODEL)-test-seed1/config.json
 
-tiny-model-test: $(TINY_MODEL)-test/config.json
+tiny-model-test: $(TINY_MODEL)-test/config.json $(TINY_MODEL)-test-seed1/config.json
 
 $(TINY_MODEL)/config.json: tools/build_tiny_model.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL) --preset default
 
 $(TINY_MODEL)-test/config.json: tools/build_tiny_model.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test --preset test
+
+# The same model with other weights: the disk cache must never give it the
+# first one's snapshots.
+$(TINY_MODEL)-test-seed1/config.json: tools/build_tiny_model.py | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test-seed1 --preset test --seed 1
 
 lint: setup
 	$(VENV)/bin/ruff check .

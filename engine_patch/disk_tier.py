@@ -358,24 +358,23 @@ class DiskTier:
         margin = max(FREE_SPACE_MARGIN_BYTES, int(total * FREE_SPACE_MARGIN_SHARE))
         return max(0, min(self.budget_bytes, self._files_bytes() + free - margin))
 
-    def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
-        """Every snapshot and temporary file in the directory, of every model."""
-        with contextlib.suppress(FileNotFoundError):
-            for folder in os.scandir(self.directory):
-                if not folder.is_dir(follow_symlinks=False):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    for entry in os.scandir(folder.path):
-                        if entry.name.endswith(SUFFIX):
-                            with contextlib.suppress(FileNotFoundError):
-                                yield Path(entry.path), entry.stat(follow_symlinks=False)
+    def _files(self) -> list[tuple[Path, os.stat_result]]:
+        """Every snapshot and temporary file in the directory, of every model (what can be listed)."""
+        found = []
+        for folder in _listing(self.directory):
+            if folder.is_dir(follow_symlinks=False):
+                for entry in _listing(Path(folder.path)):
+                    if entry.name.endswith(SUFFIX):
+                        with contextlib.suppress(OSError):  # gone since the listing
+                            found.append((Path(entry.path), entry.stat(follow_symlinks=False)))
+        return found
 
     def _files_bytes(self) -> int:
         return sum(status.st_size for _, status in self._files())
 
     def _evict_until(self, allowed_bytes: int) -> bool:
         """Delete least recently used snapshots (any model) until at most `allowed_bytes` remain."""
-        files = list(self._files())
+        files = self._files()
         held = sum(status.st_size for _, status in files)
         for path, status in sorted((f for f in files if not f[0].name.startswith(".")), key=lambda f: f[1].st_mtime_ns):
             if held <= allowed_bytes:
@@ -401,7 +400,7 @@ class DiskTier:
         try:
             present = {entry.name: entry.stat().st_size for entry in os.scandir(folder)
                        if entry.name.endswith(SUFFIX) and not entry.name.startswith(".")}
-        except FileNotFoundError:
+        except OSError:  # no folder yet, or an unusable directory (counted when it was prepared)
             present = {}
         with self._lock:
             known = dict(self._index.get(identity.key, {}))
@@ -454,7 +453,7 @@ class DiskTier:
 
     def _remove_stale_temp_files(self, folder: Path) -> None:
         """Temporary files of writes that crashed: their process is gone, or they are a day old."""
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # no folder yet, or an unusable directory (counted when it was prepared)
             for entry in os.scandir(folder):
                 if not entry.name.startswith(TEMP_PREFIX):
                     continue
@@ -525,6 +524,14 @@ class DiskTier:
             "disk_writes_pending": pending,
             **{f"disk_{name}": value for name, value in counters.items()},
         }
+
+
+def _listing(folder: Path) -> list[os.DirEntry]:
+    """The folder's entries; none if it is missing or unreadable (that is counted where it matters)."""
+    try:
+        return list(os.scandir(folder))
+    except OSError:
+        return []
 
 
 def _process_alive(pid: str) -> bool:
