@@ -514,12 +514,14 @@ class DiskTier:
             counters = dict(vars(self.counters))
             pending = len(self._queue) + int(self._writing)
         identities = [future.result() if future.done() else None for future in list(self._identities.values())]
+        own_folders = {identity.key[:32] for identity in identities if identity}
         return {
             "disk_enabled": True,
             "disk_dir": str(self.directory),
             "disk_budget_bytes": self.budget_bytes,
-            "disk_bytes": sum(status.st_size for _, status in files),
+            "disk_bytes": sum(status.st_size for _, status in files),  # every model's: what the budget bounds
             "disk_entries": len(files),
+            "disk_model_entries": sum(path.parent.name in own_folders for path, _ in files),
             "disk_model_identity": [identity.short if identity else None for identity in identities],
             "disk_writes_pending": pending,
             **{f"disk_{name}": value for name, value in counters.items()},
