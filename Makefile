@@ -69,8 +69,11 @@ demo: setup tiny-model
 # The side-by-side benchmark of the four configurations (+ mlx_lm.server as an
 # outside anchor) -> bench/results/latest.*
 # QUICK=1: a reduced session in under ~5 minutes -> build/bench-quick/latest.*
+# Then the restart scenario (disk tier: a killed and restarted engine, cold vs
+# restored, restore throughput on a >= 1 GiB state) -> bench/results/restart.*
 bench: setup tiny-model
 	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(BENCH_ARGS)
+	$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.

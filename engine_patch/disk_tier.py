@@ -185,6 +185,12 @@ class DiskTier:
         )
         return identity
 
+    def bind(self, model: Any, identity: ModelIdentity) -> None:
+        """Use `identity` for `model` (a caller that knows it already: the restore benchmark)."""
+        known: Future = Future()
+        known.set_result(identity)
+        self._identities[id(model)] = known
+
     def identity_for(self, model: Any, wait: float | None = 0) -> ModelIdentity | None:
         future = self._identities.get(id(model))
         if future is None:

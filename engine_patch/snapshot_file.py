@@ -24,6 +24,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ TOKENS = "tokens"
 # A header is a few KB (a name, dtype, shape and offsets per tensor); anything
 # far larger is not one of ours.
 MAX_HEADER_BYTES = 16 * 2**20
+CHECKSUM_THREADS = min(8, os.cpu_count() or 1)
 
 # safetensors dtype names, their mlx dtypes, and the numpy dtype whose bytes
 # stand in for them on the host (numpy has no bfloat16: its bits travel as uint16).
@@ -202,11 +204,17 @@ def load_arrays(path: Path, header: SnapshotHeader) -> tuple[dict[str, mx.array]
     arrays = mx.load(str(path), format="safetensors")
     mx.eval(arrays)
     crcs = json.loads(header.metadata["crc32"])
+    views = {}
     for name, described in header.tensors.items():
         array = arrays.get(name)
         if array is None or list(array.shape) != described["shape"] or DTYPE_NAMES.get(array.dtype) != described["dtype"]:
             raise SnapshotFileError(f"tensor {name!r} does not load as its header describes it")
-        if zlib.crc32(memoryview(array)) != crcs.get(name):
+        views[name] = memoryview(array)
+    # zlib releases the GIL: the checksums of a state's tensors run on all cores at once.
+    with ThreadPoolExecutor(max_workers=CHECKSUM_THREADS, thread_name_prefix="kv-checksum") as pool:
+        actual = dict(zip(views, pool.map(zlib.crc32, views.values())))
+    for name, crc in actual.items():
+        if crc != crcs.get(name):
             raise SnapshotFileError(f"tensor {name!r} fails its checksum")
     arrays.pop(TOKENS)
     return arrays, header.metadata
