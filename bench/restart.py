@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stable_prefix.bench.replay import Measured, cache_stats
+from stable_prefix.bench.replay import LogFollower, Measured, cache_stats
 from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
 from stable_prefix.bench.stack import PRODUCT, Configuration, cpu_description, started
 from stable_prefix.tools.servers import REPO_ROOT
@@ -104,13 +105,30 @@ def stats_change(before: dict | None, after: dict | None, key: str) -> float | N
     return None if before is None or after is None or key not in after else after[key] - before[key]
 
 
-def measured_row(result: Measured, before: dict | None, after: dict | None) -> dict[str, Any]:
+# vllm-mlx --continuous-batching reports reuse only in its log.
+_BATCHED_FETCH = re.compile(r"\[cache_fetch\] request=\S+ (HIT|MISS) prompt_tokens=(\d+)(?: cached=(\d+))?")
+
+
+def batched_reuse(lines: list[str]) -> tuple[int, int] | None:
+    """(prompt tokens, reused tokens) from the batched engine's `[cache_fetch]` line, if one was logged."""
+    for line in lines:
+        if fetch := _BATCHED_FETCH.search(line):
+            return int(fetch[2]), int(fetch[3] or 0)
+    return None
+
+
+def measured_row(result: Measured, before: dict | None, after: dict | None, log_lines: list[str]) -> dict[str, Any]:
+    prompt, reused, source = result.prompt_tokens, result.reused_tokens, result.reuse_source
+    if prompt is None:  # no usage, stats or SimpleEngine log line: the replay's "0 reused" is a guess
+        figures = batched_reuse(log_lines)
+        prompt, reused = figures or (None, None)
+        source = "server-log" if figures else None
     return {
         "index": result.request.index,
         "lane": result.request.lane,
-        "prompt_tokens": result.prompt_tokens,
-        "reused_tokens": result.reused_tokens,
-        "reuse_source": result.reuse_source,
+        "prompt_tokens": prompt,
+        "reused_tokens": reused,
+        "reuse_source": source,
         "tokens_from_disk": stats_change(before, after, "disk_tokens_loaded"),
         "disk_load_s": stats_change(before, after, "disk_load_seconds"),
         "ttft_s": result.reply.ttft_s,
@@ -122,10 +140,11 @@ def measured_row(result: Measured, before: dict | None, after: dict | None) -> d
 
 def replay_measuring_disk(endpoints, requests: list[Request], label: str) -> list[dict[str, Any]]:
     rows = []
+    log = LogFollower(endpoints.server_log)
     for request in requests:
         before = cache_stats(endpoints.server_url)
         (result,) = endpoints.replay([request])
-        row = measured_row(result, before, cache_stats(endpoints.server_url))
+        row = measured_row(result, before, cache_stats(endpoints.server_url), log.new_lines())
         rows.append(row)
         reused = "?" if row["reused_tokens"] is None else f"{row['reused_tokens']:,}"
         from_disk = "-" if row["tokens_from_disk"] is None else f"{row['tokens_from_disk']:,}"

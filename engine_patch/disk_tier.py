@@ -1,28 +1,19 @@
 """KV snapshots on disk, under the RAM cache, so a restarted server starts warm.
 
-    DIR/                      0700, default ~/.cache/stable-prefix/kv
-      .lock                   flock: one writer at a time across processes
-      file-digests.json       remembered model-file digests (model_identity.py)
-      <identity>/             one folder per model identity (first 32 hex digits)
-        <uuid>.kv             one snapshot (snapshot_file.py), 0600, never rewritten
-        .tmp-<pid>-<uuid>.kv  a write in flight
-
 Writes leave the request path: `submit` (generation thread) takes zero-copy
 numpy views of the snapshot's evaluated arrays and queues them; a writer
 thread, which never calls MLX, encodes, writes a temporary file, fsyncs and
 renames it. The queue is bounded: if the disk is slower than the requests, the
 oldest pending write is dropped (counted), and a pending write whose prompt a
 newer one repeats is superseded. Each write holds the directory lock from the
-budget check to the rename, so two servers on one directory never exceed the
-budget together.
+budget check to the rename (`snapshot_directory.py`), so two servers on one
+directory never exceed the budget together.
 
-Lookups read no KV bytes: the index holds each file's token ids, read from
-its header the first time the file is seen (a directory listing per lookup
-finds files other servers wrote or evicted). The same rules as in RAM: the
-longest common token prefix wins; a new snapshot deletes those whose whole
-prompt it repeats; LRU eviction by file mtime (touched on every load) across
-every model in the directory; bytes never exceed the budget, which is never
-more than the free space minus a margin.
+Lookups read no KV bytes: the index holds each file's token ids, read from its
+header the first time the file is seen (a directory listing per lookup finds
+files other servers wrote or evicted). The same rules as in RAM: the longest
+common token prefix wins; a new snapshot deletes those whose whole prompt it
+repeats; least recently used files are evicted first.
 
 Anything wrong on disk (a truncated or corrupt file, a foreign header, a full
 disk, a read-only directory, a file another server evicted mid-read) costs a
@@ -34,15 +25,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import logging
 import os
-import shutil
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +40,7 @@ import numpy as np
 from .cache_layers import cached_token_count, layers_from_arrays, layers_to_arrays
 from .model_identity import DigestMemo, ModelIdentity, identity_of, loaded_model_description
 from .prefix_cache import common_prefix_length
+from .snapshot_directory import SnapshotDirectory, free_and_total_bytes, is_snapshot
 from .snapshot_file import (
     HostArray,
     PreparedSnapshot,
@@ -67,20 +56,8 @@ logger = logging.getLogger("engine_patch")
 
 DEFAULT_DIRECTORY = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stable-prefix" / "kv"
 DEFAULT_BUDGET_BYTES = 20 * 2**30
-# Never fill the user's disk: keep this much free whatever the budget says.
-FREE_SPACE_MARGIN_BYTES = 2**30
-FREE_SPACE_MARGIN_SHARE = 0.05
 # Pending writes hold their snapshot's arrays alive: a small bound caps that memory.
 QUEUE_LIMIT = 2
-SUFFIX = ".kv"
-TEMP_PREFIX = ".tmp-"
-# A temporary file this old is a crashed write, whoever's pid it names.
-STALE_TEMP_SECONDS = 24 * 3600
-
-
-def free_and_total_bytes(path: Path) -> tuple[int, int]:
-    usage = shutil.disk_usage(path)
-    return usage.free, usage.total
 
 
 @dataclass
@@ -144,7 +121,8 @@ class DiskTier:
     counters: DiskCounters = field(default_factory=DiskCounters)
 
     def __post_init__(self) -> None:
-        self.directory = Path(self.directory).expanduser()
+        self.files = SnapshotDirectory(self.directory, self.budget_bytes, self.free_space)
+        self.directory = self.files.path
         self._lock = threading.Condition()
         self._identities: dict[int, Future] = {}
         self._index: dict[str, dict[str, IndexEntry]] = {}
@@ -153,9 +131,12 @@ class DiskTier:
         self._closing = False
         self._epoch = 0  # bumped by clear(): a write that started before it is discarded
         self._warned: set[str] = set()
-        self._identify = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk-identity")
-        self._prepare_directory()
+        try:
+            self.files.prepare()
+        except OSError as error:
+            self.count_error(f"preparing {self.directory}", error)
         self._memo = DigestMemo(self.directory / "file-digests.json")
+        # Daemon threads: a shutdown never waits for a model to finish hashing.
         self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
         self._writer.start()
 
@@ -165,7 +146,10 @@ class DiskTier:
         """Identify `model` (loaded from `model_dir`) in the background; its snapshots are
         looked up and written once that is done."""
         loaded = loaded_model_description(model)
-        self._identities[id(model)] = self._identify.submit(self._identify_model, Path(model_dir), loaded)
+        identity: Future = Future()
+        self._identities[id(model)] = identity
+        threading.Thread(target=lambda: identity.set_result(self._identify_model(Path(model_dir), loaded)),
+                         name="kv-disk-identity", daemon=True).start()
 
     def _identify_model(self, model_dir: Path, loaded: dict[str, Any]) -> ModelIdentity | None:
         started = time.perf_counter()
@@ -177,11 +161,11 @@ class DiskTier:
         if self._memo.hashed_files:
             with contextlib.suppress(OSError):
                 self._memo.save()
-        self._remove_stale_temp_files(self.directory / identity.key[:32])
+        self._remove_stale_temporary_files(self.files.folder(identity))
         logger.info(
             "disk cache: model %s is %s (%d files, %d hashed, %.1f s); snapshots in %s",
             model_dir, identity.short, len(identity.description["files"]), self._memo.hashed_files,
-            time.perf_counter() - started, self.directory / identity.key[:32],
+            time.perf_counter() - started, self.files.folder(identity),
         )
         return identity
 
@@ -199,6 +183,9 @@ class DiskTier:
             return future.result(timeout=wait)
         return None
 
+    def _known_identities(self) -> list[ModelIdentity]:
+        return [future.result() for future in list(self._identities.values()) if future.done() and future.result()]
+
     # --- lookups and loads (generation thread) ----------------------------------
 
     def longest_prefix(self, model: Any, prompt: np.ndarray) -> DiskMatch | None:
@@ -215,7 +202,7 @@ class DiskTier:
 
     def load(self, match: DiskMatch) -> LoadedSnapshot | None:
         """The snapshot's layers, checked end to end; None (counted, logged) if anything is wrong."""
-        path = self._folder(match.identity) / match.name
+        path = self.files.folder(match.identity) / match.name
         started = time.perf_counter()
         try:
             header = read_header(path, match.identity.key)
@@ -282,7 +269,6 @@ class DiskTier:
             self._closing = True
             self._lock.notify_all()
         self._writer.join(timeout=1)
-        self._identify.shutdown(wait=False, cancel_futures=True)
 
     def _write_loop(self) -> None:
         while True:
@@ -313,26 +299,29 @@ class DiskTier:
                 return
         started = time.perf_counter()
         prepared = prepare_snapshot(identity.key, pending.tokens, pending.prompt_length, pending.arrays, pending.layer_metadata)
-        folder = self._folder(identity)
-        with self._directory_lock():
-            limit = self._effective_budget()
-            if prepared.file_bytes > limit or not self._evict_until(limit - prepared.file_bytes):
+        folder = self.files.folder(identity)
+        with self.files.lock():
+            limit = self.files.effective_budget()
+            fits = prepared.file_bytes <= limit
+            if fits:
+                fits, evicted = self.files.evict_until(limit - prepared.file_bytes)
+                self._evicted(evicted)
+            if not fits:
                 self._warn_once("too-large", "disk cache: a %.1f MiB snapshot does not fit the disk budget (%.1f MiB now); not written",
                                 prepared.file_bytes / 2**20, limit / 2**20)
                 with self._lock:
                     self.counters.writes_skipped += 1
                 return
             folder.mkdir(mode=0o700, exist_ok=True)
-            name = f"{uuid.uuid4().hex}{SUFFIX}"
-            temporary = folder / f"{TEMP_PREFIX}{os.getpid()}-{name}"
+            temporary, final = self.files.new_names(folder)
             try:
                 self.write_file(temporary, prepared)
                 with self._lock:
                     if self._epoch != epoch:
                         temporary.unlink()  # the cache was cleared while this was written
                         return
-                    os.rename(temporary, folder / name)
-                    self._index.setdefault(identity.key, {})[name] = IndexEntry(pending.tokens, pending.prompt_length, prepared.file_bytes)
+                    self.files.commit(temporary, final)
+                    self._index.setdefault(identity.key, {})[final.name] = IndexEntry(pending.tokens, pending.prompt_length, prepared.file_bytes)
                     self.counters.writes += 1
                     self.counters.bytes_written += prepared.file_bytes
                     self.counters.write_seconds += time.perf_counter() - started
@@ -340,12 +329,10 @@ class DiskTier:
                 with contextlib.suppress(OSError):
                     temporary.unlink()
                 raise
-            _fsync_directory(folder)
-            self._delete_dominated(identity, name, pending.tokens)
+        self._delete_dominated(identity, final.name, pending.tokens)
 
     def _delete_dominated(self, identity: ModelIdentity, new_name: str, tokens: np.ndarray) -> None:
         """Drop snapshots whose whole prompt the new one repeats (as the RAM cache does)."""
-        folder = self._folder(identity)
         with self._lock:
             entries = self._index.get(identity.key, {})
             dominated = [name for name, entry in entries.items()
@@ -354,60 +341,22 @@ class DiskTier:
                 entries.pop(name, None)
         for name in dominated:
             with contextlib.suppress(FileNotFoundError):
-                (folder / name).unlink()
+                (self.files.folder(identity) / name).unlink()
 
-    # --- the budget ---------------------------------------------------------------
-
-    def _effective_budget(self) -> int:
-        """The budget, capped so the filesystem keeps its margin free."""
-        free, total = self.free_space(self.directory)
-        margin = max(FREE_SPACE_MARGIN_BYTES, int(total * FREE_SPACE_MARGIN_SHARE))
-        return max(0, min(self.budget_bytes, self._files_bytes() + free - margin))
-
-    def _files(self) -> list[tuple[Path, os.stat_result]]:
-        """Every snapshot and temporary file in the directory, of every model (what can be listed)."""
-        found = []
-        for folder in _listing(self.directory):
-            if folder.is_dir(follow_symlinks=False):
-                for entry in _listing(Path(folder.path)):
-                    if entry.name.endswith(SUFFIX):
-                        with contextlib.suppress(OSError):  # gone since the listing
-                            found.append((Path(entry.path), entry.stat(follow_symlinks=False)))
-        return found
-
-    def _files_bytes(self) -> int:
-        return sum(status.st_size for _, status in self._files())
-
-    def _evict_until(self, allowed_bytes: int) -> bool:
-        """Delete least recently used snapshots (any model) until at most `allowed_bytes` remain."""
-        files = self._files()
-        held = sum(status.st_size for _, status in files)
-        for path, status in sorted((f for f in files if not f[0].name.startswith(".")), key=lambda f: f[1].st_mtime_ns):
-            if held <= allowed_bytes:
-                break
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            held -= status.st_size
-            with self._lock:
-                self.counters.evictions += 1
+    def _evicted(self, paths: list[Path]) -> None:
+        with self._lock:
+            self.counters.evictions += len(paths)
+            for path in paths:
                 for key, entries in self._index.items():
                     if key[:32] == path.parent.name:
                         entries.pop(path.name, None)
-        return held <= allowed_bytes
 
     # --- the index ----------------------------------------------------------------
 
-    def _folder(self, identity: ModelIdentity) -> Path:
-        return self.directory / identity.key[:32]
-
     def _refreshed_index(self, identity: ModelIdentity) -> dict[str, IndexEntry]:
         """This model's snapshots as the directory holds them now (headers read once per file)."""
-        folder = self._folder(identity)
-        try:
-            present = {entry.name: entry.stat().st_size for entry in os.scandir(folder)
-                       if entry.name.endswith(SUFFIX) and not entry.name.startswith(".")}
-        except OSError:  # no folder yet, or an unusable directory (counted when it was prepared)
-            present = {}
+        folder = self.files.folder(identity)
+        present = self.files.snapshot_sizes(folder)
         with self._lock:
             known = dict(self._index.get(identity.key, {}))
         fresh = {name: entry for name, entry in known.items() if present.get(name) == entry.file_bytes}
@@ -438,44 +387,18 @@ class DiskTier:
         except OSError as error:
             self._warn_once(f"undeletable:{error.errno}", "disk cache: cannot delete %s (%s); it will be skipped", path, error)
 
-    # --- the directory ------------------------------------------------------------
-
-    def _prepare_directory(self) -> None:
-        try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if self.directory.stat().st_mode & 0o077 and self.directory.stat().st_uid == os.getuid():
-                self.directory.chmod(0o700)  # KV states are the user's prompts, in another form
-        except OSError as error:
-            self.count_error(f"preparing {self.directory}", error)
-
-    @contextlib.contextmanager
-    def _directory_lock(self) -> Iterator[None]:
-        descriptor = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(descriptor)  # releases the lock
-
-    def _remove_stale_temp_files(self, folder: Path) -> None:
-        """Temporary files of writes that crashed: their process is gone, or they are a day old."""
-        with contextlib.suppress(OSError):  # no folder yet, or an unusable directory (counted when it was prepared)
-            for entry in os.scandir(folder):
-                if not entry.name.startswith(TEMP_PREFIX):
-                    continue
-                pid = entry.name[len(TEMP_PREFIX):].split("-", 1)[0]
-                with contextlib.suppress(FileNotFoundError):
-                    age = time.time() - entry.stat().st_mtime
-                    if _process_alive(pid) and age < STALE_TEMP_SECONDS:
-                        continue
-                    try:
-                        os.unlink(entry.path)
-                    except OSError as error:
-                        self.count_error(f"removing the unfinished write {entry.path}", error)
-                        continue
-                    logger.warning("disk cache: removed %s, left by a write that did not finish", entry.path)
-                    with self._lock:
-                        self.counters.temp_files_removed += 1
+    def _remove_stale_temporary_files(self, folder: Path) -> None:
+        for path in self.files.stale_temporary_files(folder):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                self.count_error(f"removing the unfinished write {path}", error)
+                continue
+            logger.warning("disk cache: removed %s, left by a write that did not finish", path)
+            with self._lock:
+                self.counters.temp_files_removed += 1
 
     # --- errors, clearing and stats -----------------------------------------------
 
@@ -495,27 +418,26 @@ class DiskTier:
     def clear(self) -> int:
         """Delete this server's models' snapshots (other models' in the directory stay)."""
         deleted = 0
+        identities = self._known_identities()
         with self._lock:
             self._epoch += 1
             self._queue.clear()
-            identities = [future.result() for future in self._identities.values() if future.done() and future.result()]
             for identity in identities:
                 self._index.pop(identity.key, None)
         for identity in identities:
-            with contextlib.suppress(FileNotFoundError):
-                for entry in os.scandir(self._folder(identity)):
-                    if entry.name.endswith(SUFFIX) and not entry.name.startswith("."):
-                        try:
-                            os.unlink(entry.path)
-                            deleted += 1
-                        except FileNotFoundError:
-                            pass
-                        except OSError as error:
-                            self.count_error(f"deleting {entry.path}", error)
+            folder = self.files.folder(identity)
+            for name in self.files.snapshot_sizes(folder):
+                try:
+                    (folder / name).unlink()
+                    deleted += 1
+                except FileNotFoundError:
+                    pass
+                except OSError as error:
+                    self.count_error(f"deleting {folder / name}", error)
         return deleted
 
     def stats(self) -> dict[str, Any]:
-        files = [(path, status) for path, status in self._files() if not path.name.startswith(".")]
+        files = [(path, status) for path, status in self.files.files() if is_snapshot(path.name)]
         with self._lock:
             counters = dict(vars(self.counters))
             pending = len(self._queue) + int(self._writing)
@@ -532,35 +454,3 @@ class DiskTier:
             "disk_writes_pending": pending,
             **{f"disk_{name}": value for name, value in counters.items()},
         }
-
-
-def _listing(folder: Path) -> list[os.DirEntry]:
-    """The folder's entries; none if it is missing or unreadable (that is counted where it matters)."""
-    try:
-        return list(os.scandir(folder))
-    except OSError:
-        return []
-
-
-def _process_alive(pid: str) -> bool:
-    """Whether another process `pid` runs (ours writes to a model's folder only once it is identified)."""
-    if not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_directory(folder: Path) -> None:
-    """Make the rename durable (a crash after it keeps the file)."""
-    with contextlib.suppress(OSError):
-        descriptor = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-

@@ -29,7 +29,7 @@ import json
 import os
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,8 +136,7 @@ def identity_of(model_dir: Path, memo: DigestMemo, loaded: dict[str, Any]) -> Mo
     files = model_files(model_dir)
     if not any(path.suffix == ".safetensors" for path in files):
         raise FileNotFoundError(f"{model_dir}: no model*.safetensors to identify the weights by")
-    with ThreadPoolExecutor(max_workers=HASH_THREADS, thread_name_prefix="model-hash") as pool:
-        digests = dict(zip((path.name for path in files), pool.map(memo.digest, files)))
+    digests = dict(zip((path.name for path in files), _in_daemon_threads(memo.digest, files)))
     description = {
         "files": digests,
         **loaded,
@@ -147,3 +146,32 @@ def identity_of(model_dir: Path, memo: DigestMemo, loaded: dict[str, Any]) -> Mo
     }
     key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
     return ModelIdentity(key, description)
+
+
+def _in_daemon_threads(function: Callable[[Path], str], paths: list[Path]) -> list[str]:
+    """`function` over `paths`, HASH_THREADS at a time (hashlib releases the GIL), in daemon
+    threads: an interpreter that exits mid-hash does not wait for them."""
+    results: list[str | None] = [None] * len(paths)
+    failures: list[BaseException] = []
+    work = iter(enumerate(paths))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while not failures:
+            with lock:
+                item = next(work, None)
+            if item is None:
+                return
+            try:
+                results[item[0]] = function(item[1])
+            except BaseException as error:
+                failures.append(error)
+
+    threads = [threading.Thread(target=worker, name="model-hash", daemon=True) for _ in range(min(HASH_THREADS, len(paths)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return results

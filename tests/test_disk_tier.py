@@ -23,6 +23,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from stable_prefix.engine_patch import disk_tier as disk_tier_module
+from stable_prefix.engine_patch import snapshot_directory
 from stable_prefix.engine_patch.disk_tier import DiskTier
 from stable_prefix.engine_patch.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.snapshot_file import load_arrays, read_header, write_snapshot
@@ -219,11 +220,11 @@ def test_the_budget_is_never_exceeded_and_the_least_recently_used_goes_first(mod
 
 def test_the_budget_never_takes_more_than_the_free_space_minus_a_margin(model, open_tier, tmp_path):
     size = file_bytes_of(model, open_tier, tmp_path, 150)
-    margin = disk_tier_module.FREE_SPACE_MARGIN_BYTES
+    margin = snapshot_directory.FREE_SPACE_MARGIN_BYTES
 
     def nearly_full(path):
         # a small filesystem whose free space leaves room for one snapshot beyond the margin
-        return margin + int(size * 1.5) - tier._files_bytes(), 10 * 2**30
+        return margin + int(size * 1.5) - sum(status.st_size for _, status in tier.files.files()), 10 * 2**30
 
     tier = open_tier(model, budget_bytes=10**12, free_space=nearly_full)
     for seed in (21, 22, 23):
@@ -232,11 +233,15 @@ def test_the_budget_never_takes_more_than_the_free_space_minus_a_margin(model, o
     assert tier.stats()["disk_entries"] == 1
 
 
-def test_a_state_larger_than_the_budget_is_not_written(model, open_tier, caplog):
-    tier = open_tier(model, budget_bytes=1000)
+def test_a_state_larger_than_the_budget_is_not_written_and_evicts_nothing(model, open_tier, directory, tmp_path, caplog):
+    size = file_bytes_of(model, open_tier, tmp_path, 50)
+    tier = open_tier(model, budget_bytes=int(size * 1.5))
+    written(tier, model, tokens(1, 50))
+    kept = snapshot_files(directory)
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
-        written(tier, model, tokens(1, 200))
-    assert tier.stats()["disk_entries"] == 0 and tier.stats()["disk_writes_skipped"] == 1
+        written(tier, model, tokens(2, 200))
+    assert snapshot_files(directory) == kept and tier.stats()["disk_evictions"] == 0
+    assert tier.stats()["disk_writes_skipped"] == 1
     assert "does not fit the disk budget" in caplog.text
 
 
