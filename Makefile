@@ -34,15 +34,20 @@ $(VENV)/.setup-done: requirements.txt pyproject.toml
 # prompt. Rebuilt only when missing or when the script changed (same seed:
 # byte-identical files).
 # Any size: $(PY) -m stable_prefix.tools.build_tiny_model --out DIR --preset large --layers 8 ...
-tiny-model: $(TINY_MODEL)/config.json $(TINY_MODEL)-test/config.json
+tiny-model: $(TINY_MODEL)/config.json $(TINY_MODEL)-test/config.json $(TINY_MODEL)-test-seed1/config.json
 
-tiny-model-test: $(TINY_MODEL)-test/config.json
+tiny-model-test: $(TINY_MODEL)-test/config.json $(TINY_MODEL)-test-seed1/config.json
 
 $(TINY_MODEL)/config.json: tools/build_tiny_model.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL) --preset default
 
 $(TINY_MODEL)-test/config.json: tools/build_tiny_model.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test --preset test
+
+# The same model with other weights: the disk cache must never give it the
+# first one's snapshots.
+$(TINY_MODEL)-test-seed1/config.json: tools/build_tiny_model.py | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test-seed1 --preset test --seed 1
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -64,8 +69,11 @@ demo: setup tiny-model
 # The side-by-side benchmark of the four configurations (+ mlx_lm.server as an
 # outside anchor) -> bench/results/latest.*
 # QUICK=1: a reduced session in under ~5 minutes -> build/bench-quick/latest.*
+# Then the restart scenario (disk tier: a killed and restarted engine, cold vs
+# restored, restore throughput on a >= 1 GiB state) -> bench/results/restart.*
 bench: setup tiny-model
 	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(BENCH_ARGS)
+	$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.

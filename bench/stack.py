@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.bench.replay import Measured, replay
 from stable_prefix.bench.session import Request
-from stable_prefix.tools.servers import REPO_ROOT, VENV_BIN, free_port, http_ok, mitmdump_command, running
+from stable_prefix.tools.servers import REPO_ROOT, VENV_BIN, Server, free_port, http_ok, mitmdump_command, running
 
 SERVED_MODEL_NAME = "tiny-model"
 TOOL_CALL_PARSER = "hermes"  # Qwen's tool-call format
@@ -54,13 +54,15 @@ def configuration(key: str) -> Configuration:
     raise ValueError(f"configuration {key!r}: unknown; choose from {', '.join(c.key for c in CONFIGURATIONS)}")
 
 
-def engine_command(engine: str, model_dir: Path, port: int) -> list[str]:
+def engine_command(engine: str, model_dir: Path, port: int, engine_flags: Sequence[str] = ()) -> list[str]:
     if engine == "mlx-lm":
         return [str(VENV_BIN / "python"), "-m", "mlx_lm.server", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
-    serve = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
+    serve = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS, *engine_flags]
     if engine == "shipped":
         return [str(VENV_BIN / "vllm-mlx"), *serve]
-    return [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", *serve]
+    # Snapshots stay in RAM unless a run asks for a disk directory: nothing carries over between runs.
+    disk = [] if "--prefix-cache-dir" in engine_flags else ["--no-disk-cache"]
+    return [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", *serve, *disk]
 
 
 def proxy_options(served_model: str = SERVED_MODEL_NAME) -> dict[str, object]:
@@ -74,6 +76,7 @@ class Endpoints:
     server_log: Path
     proxy_log: Path | None
     capture_dir: Path | None  # where capture.py writes this session's records
+    engine: Server | None = None  # the engine's process (the restart scenario kills it)
 
     def replay(self, requests: list[Request], **options) -> list[Measured]:
         """Replay `requests` through this stack, reading reuse from its engine and logs."""
@@ -89,16 +92,18 @@ class Endpoints:
 
 @contextlib.contextmanager
 def started(
-    config: Configuration, model_dir: Path, log_dir: Path, *, capture_session: str | None = None
+    config: Configuration, model_dir: Path, log_dir: Path, *, capture_session: str | None = None,
+    engine_flags: Sequence[str] = (), engine_env: dict[str, str] | None = None,
 ) -> Iterator[Endpoints]:
     """Start `config`'s engine (and proxy, with capture.py when `capture_session` is
     given); both stop on exit, also on error or Ctrl-C."""
     engine_port = free_port()
     models_url = f"http://127.0.0.1:{engine_port}/v1/models"
-    command = engine_command(config.engine, model_dir, engine_port)
-    with running(f"{config.key}-engine", command, port=engine_port, log_dir=log_dir, ready=lambda: http_ok(models_url), env=UNBUFFERED) as engine:
+    command = engine_command(config.engine, model_dir, engine_port, engine_flags)
+    env = {**UNBUFFERED, **(engine_env or {})}
+    with running(f"{config.key}-engine", command, port=engine_port, log_dir=log_dir, ready=lambda: http_ok(models_url), env=env) as engine:
         if not config.addon:
-            yield Endpoints(engine.url, engine.url, engine.log_path, None, None)
+            yield Endpoints(engine.url, engine.url, engine.log_path, None, None, engine)
             return
         proxy_port = free_port()
         scripts, options, capture_dir = list(ADDON_SCRIPTS), proxy_options(), None
@@ -108,7 +113,7 @@ def started(
             capture_dir = CAPTURE_ROOT / capture_session
         proxy = mitmdump_command(scripts, engine.url, proxy_port, options)
         with running(f"{config.key}-mitmdump", proxy, port=proxy_port, log_dir=log_dir, env=UNBUFFERED) as mitmdump:
-            yield Endpoints(mitmdump.url, engine.url, engine.log_path, mitmdump.log_path, capture_dir)
+            yield Endpoints(mitmdump.url, engine.url, engine.log_path, mitmdump.log_path, capture_dir, engine)
 
 
 def cpu_description() -> str:

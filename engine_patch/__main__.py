@@ -1,4 +1,5 @@
-"""`python -m stable_prefix.engine_patch serve MODEL [our flags] [any vllm-mlx serve flags]`."""
+"""`python -m stable_prefix.engine_patch serve MODEL [our flags] [any vllm-mlx serve flags]`,
+and `... warm FILE... --url URL` (pre-warm a running server with captured requests)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import psutil
+
+from .disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
 
 # Share of physical memory all snapshots together may hold by default: the
 # model itself and the live request's cache need the rest.
@@ -16,13 +21,20 @@ DEFAULT_BUDGET_FRACTION = 0.25
 
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
          "g": 10**9, "gb": 10**9, "gib": 2**30}
+USAGE = ("usage: python -m stable_prefix.engine_patch serve MODEL [--prefix-cache-bytes SIZE] [--prefix-cache-entries N] "
+         "[--no-prefix-cache] [--prefix-cache-dir DIR] [--prefix-cache-disk-bytes SIZE] [--no-disk-cache] [vllm-mlx serve flags]\n"
+         "       python -m stable_prefix.engine_patch warm FILE_OR_DIR... --url URL [--model NAME]")
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, flag: str = "--prefix-cache-bytes") -> int:
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in UNITS:
-        raise argparse.ArgumentTypeError(f"--prefix-cache-bytes: {text!r} is not a size (examples: 8GiB, 512MB, 1000000)")
+        raise argparse.ArgumentTypeError(f"{flag}: {text!r} is not a size (examples: 8GiB, 512MB, 1000000)")
     return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+
+
+def size_of(flag: str) -> Callable[[str], int]:
+    return lambda text: parse_size(text, flag)
 
 
 def positive_int(text: str) -> int:
@@ -31,26 +43,36 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def our_flags() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m stable_prefix.engine_patch serve", add_help=False, allow_abbrev=False)
-    parser.add_argument("--prefix-cache-bytes", type=parse_size, default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_BYTES"),
+    parser.add_argument("--prefix-cache-bytes", type=size_of("--prefix-cache-bytes"), default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_BYTES"),
                         help="budget for all KV snapshots together (default: 25%% of RAM)")
     parser.add_argument("--prefix-cache-entries", type=positive_int, default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_ENTRIES"),
                         help="optional bound on the number of snapshots")
     parser.add_argument("--no-prefix-cache", action="store_true", default=os.environ.get("ENGINE_PATCH_DISABLE") == "1",
                         help="run vllm-mlx as shipped")
+    parser.add_argument("--prefix-cache-dir", type=Path, default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_DIR") or DEFAULT_DIRECTORY,
+                        help=f"where KV snapshots are kept across restarts (default: {DEFAULT_DIRECTORY})")
+    parser.add_argument("--prefix-cache-disk-bytes", type=size_of("--prefix-cache-disk-bytes"),
+                        default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_DISK_BYTES"),
+                        help="budget for the snapshots on disk (default: 20GiB, never more than the free space minus a margin)")
+    parser.add_argument("--no-disk-cache", action="store_true", default=env_flag("ENGINE_PATCH_NO_DISK_CACHE"),
+                        help="keep snapshots in RAM only")
     return parser
 
 
-def main(argv: list[str]) -> None:
-    if not argv or argv[0] != "serve":
-        sys.exit("usage: python -m stable_prefix.engine_patch serve MODEL [--prefix-cache-bytes SIZE] "
-                 "[--prefix-cache-entries N] [--no-prefix-cache] [vllm-mlx serve flags]")
-    options, vllm_args = our_flags().parse_known_args(argv[1:])
+def serve(argv: list[str]) -> None:
+    options, vllm_args = our_flags().parse_known_args(argv)
     if isinstance(options.prefix_cache_bytes, str):  # from the environment
-        options.prefix_cache_bytes = parse_size(options.prefix_cache_bytes)
+        options.prefix_cache_bytes = parse_size(options.prefix_cache_bytes, "ENGINE_PATCH_PREFIX_CACHE_BYTES")
     if isinstance(options.prefix_cache_entries, str):
         options.prefix_cache_entries = positive_int(options.prefix_cache_entries)
+    if isinstance(options.prefix_cache_disk_bytes, str):
+        options.prefix_cache_disk_bytes = parse_size(options.prefix_cache_disk_bytes, "ENGINE_PATCH_PREFIX_CACHE_DISK_BYTES")
     budget = options.prefix_cache_bytes or int(psutil.virtual_memory().total * DEFAULT_BUDGET_FRACTION)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -60,9 +82,12 @@ def main(argv: list[str]) -> None:
     if options.no_prefix_cache:
         logging.getLogger("engine_patch").info("engine_patch: --no-prefix-cache, running vllm-mlx as shipped")
     else:
-        from .install import install
+        from .install import DiskOptions, install
 
-        install(budget_bytes=budget, max_entries=options.prefix_cache_entries)
+        disk = None
+        if not options.no_disk_cache:
+            disk = DiskOptions(Path(options.prefix_cache_dir).expanduser(), options.prefix_cache_disk_bytes or DEFAULT_BUDGET_BYTES)
+        install(budget_bytes=budget, max_entries=options.prefix_cache_entries, disk=disk)
 
     from vllm_mlx.cli import main as vllm_mlx_main
 
@@ -70,5 +95,17 @@ def main(argv: list[str]) -> None:
     vllm_mlx_main()
 
 
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "serve":
+        serve(argv[1:])
+        return 0
+    if argv and argv[0] == "warm":
+        from .warm import main as warm_main
+
+        return warm_main(argv[1:])
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

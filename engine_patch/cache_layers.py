@@ -10,6 +10,7 @@ or `meta_state`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import mlx.core as mx
@@ -76,3 +77,56 @@ def restore(layers: list[Any]) -> list[Any]:
 def state_nbytes(prompt_cache: list[Any]) -> int:
     """Bytes of the cached tokens' state (not of any padding behind it)."""
     return sum(array.nbytes for layer in prompt_cache for array in layer.state)
+
+
+# --- a snapshot as named arrays, for the disk tier --------------------------
+#
+# A layer's state may be a flat pair (KVCache), a list with empty slots
+# (ArraysCache) or nested (CacheList, QuantizedKVCache). Its shape is kept as
+# JSON beside the arrays: each array by name, an empty slot as null.
+
+
+def layers_to_arrays(layers: list[Any]) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """Every array of `layers` by a unique name, and the metadata that rebuilds them."""
+    arrays: dict[str, mx.array] = {}
+
+    def encode(value: Any, name: str) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, mx.array):
+            arrays[name] = value
+            return name
+        if isinstance(value, (list, tuple)):
+            return [encode(item, f"{name}.{index}") for index, item in enumerate(value)]
+        raise UnsupportedCache(f"a cache layer's state holds a {type(value).__name__}, not arrays")
+
+    description = [
+        {"class": type(layer).__name__, "state": encode(layer.state, f"layer.{index}"), "meta_state": layer.meta_state}
+        for index, layer in enumerate(layers)
+    ]
+    return arrays, {"layers": json.dumps(description)}
+
+
+def layers_from_arrays(arrays: dict[str, mx.array], metadata: dict[str, str]) -> list[Any]:
+    """The layers `layers_to_arrays` described; ValueError if the description does not fit `arrays`."""
+    from mlx_lm.models import cache as cache_classes
+
+    def decode(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if value not in arrays:
+                raise ValueError(f"the layer description names an array {value!r} that is not there")
+            return arrays[value]
+        if isinstance(value, list):
+            return [decode(item) for item in value]
+        raise ValueError(f"the layer description holds a {type(value).__name__}")
+
+    layers = []
+    for entry in json.loads(metadata["layers"]):
+        layer_class = getattr(cache_classes, entry["class"], None)
+        if not isinstance(layer_class, type) or not hasattr(layer_class, "from_state"):
+            raise ValueError(f"unknown cache layer class {entry['class']!r}")
+        meta_state = entry["meta_state"]
+        layers.append(layer_class.from_state(decode(entry["state"]), tuple(meta_state) if isinstance(meta_state, list) else meta_state))
+    return layers

@@ -1,6 +1,6 @@
 """Install the prefix cache into a running vllm-mlx (before its server starts).
 
-Four seams, each the narrowest that covers every request:
+Five seams, each the narrowest that covers every request:
 - `mlx_lm.stream_generate`, which every SimpleEngine text generation ends in,
   is wrapped by `CachedGeneration` (see there for why this depth).
 - vllm-mlx's own system-prefix cache (0.6.0) is switched off: it restores only
@@ -8,21 +8,28 @@ Four seams, each the narrowest that covers every request:
   prompt before our cache sees it.
 - The engine's worker submissions run in the submitting request's context, so
   the generation can tell the HTTP layer how much it reused.
-- The HTTP app gets `/v1/cache/stats`, `DELETE /v1/cache` and the usage fields.
+- The HTTP app gets `/v1/cache/stats`, `DELETE /v1/cache[?tier=ram|disk]` and
+  the usage fields.
+- With a disk tier, `mlx_lm.utils.load_model` (every way vllm-mlx loads a text
+  model) tells the disk tier which files the model came from, to identify it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import functools
 import inspect
 import logging
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .cached_generation import CachedGeneration
+from .disk_tier import DiskTier
 from .prefix_cache import PrefixCache
+from .tiered_cache import TieredCache
 from .usage_fields import ReuseUsageMiddleware
 
 logger = logging.getLogger("engine_patch")
@@ -33,10 +40,21 @@ logger = logging.getLogger("engine_patch")
 SUPPORTED_VERSIONS = ((0, 2, 0), (0, 7, 0))
 
 
+# Seconds a clean shutdown waits for queued snapshot writes.
+SHUTDOWN_WRITE_SECONDS = 30.0
+CLEARABLE_TIERS = ("ram", "disk")
+
+
+@dataclass(frozen=True)
+class DiskOptions:
+    directory: Path
+    budget_bytes: int
+
+
 @dataclass
 class Installed:
     vllm_mlx_version: str
-    cache: PrefixCache
+    cache: TieredCache
     generation: CachedGeneration
     patched: list[str]
 
@@ -75,7 +93,7 @@ def why_unsupported(vllm_mlx: Any) -> str | None:
     return None
 
 
-def install(budget_bytes: int, max_entries: int | None = None) -> Installed | None:
+def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions | None = None) -> Installed | None:
     import mlx_lm
     import vllm_mlx
 
@@ -84,9 +102,13 @@ def install(budget_bytes: int, max_entries: int | None = None) -> Installed | No
         logger.warning("engine_patch: vllm-mlx left unpatched: %s", reason)
         return None
 
-    cache = PrefixCache(budget_bytes=budget_bytes, max_entries=max_entries)
+    disk_tier = DiskTier(disk.directory, disk.budget_bytes) if disk else None
+    cache = TieredCache(PrefixCache(budget_bytes=budget_bytes, max_entries=max_entries), disk_tier)
     generation = CachedGeneration(mlx_lm.stream_generate, cache)
     patched = ["mlx_lm.stream_generate"]
+    if disk_tier is not None:
+        patched += _identify_loaded_models(disk_tier)
+        atexit.register(disk_tier.close, SHUTDOWN_WRITE_SECONDS)
     mlx_lm.stream_generate = generation
     # mlx_lm.generate() (vllm-mlx's non-streamed path) calls its module's global.
     sys.modules["mlx_lm.generate"].stream_generate = generation
@@ -97,14 +119,31 @@ def install(budget_bytes: int, max_entries: int | None = None) -> Installed | No
     patched += _add_http_endpoints(installed)
 
     limit = f", at most {max_entries} entries" if max_entries else ""
+    on_disk = f"; disk {format_bytes(disk.budget_bytes)} in {disk.directory}" if disk else "; no disk tier"
     logger.info(
-        "engine_patch: prefix cache installed on vllm-mlx %s (budget %s%s; patched %s)",
+        "engine_patch: prefix cache installed on vllm-mlx %s (budget %s%s%s; patched %s)",
         vllm_mlx.__version__,
         format_bytes(budget_bytes),
         limit,
+        on_disk,
         ", ".join(patched),
     )
     return installed
+
+
+def _identify_loaded_models(disk_tier: DiskTier) -> list[str]:
+    from mlx_lm import utils
+
+    load_model = utils.load_model
+
+    @functools.wraps(load_model)
+    def load_model_and_identify(model_path, *args, **kwargs):
+        loaded = load_model(model_path, *args, **kwargs)
+        disk_tier.model_loaded(loaded[0], Path(model_path))
+        return loaded
+
+    utils.load_model = load_model_and_identify
+    return ["mlx_lm.utils.load_model (model identity)"]
 
 
 def _disable_builtin_prefix_cache() -> list[str]:
@@ -139,7 +178,7 @@ def _carry_request_context_to_worker() -> list[str]:
 
 
 def _add_http_endpoints(installed: Installed) -> list[str]:
-    from fastapi import Depends
+    from fastapi import Depends, HTTPException
     from fastapi.routing import APIRoute
     from vllm_mlx import server
 
@@ -151,10 +190,12 @@ def _add_http_endpoints(installed: Installed) -> list[str]:
     async def cache_stats():
         return installed.stats()
 
-    async def clear_cache():
-        dropped = installed.cache.clear()
-        result: dict[str, Any] = {"status": "cleared", "entries_dropped": dropped}
-        if original_clear is not None:
+    async def clear_cache(tier: str | None = None):
+        if tier is not None and tier not in CLEARABLE_TIERS:
+            raise HTTPException(status_code=400, detail=f"tier={tier!r}: choose ram or disk (or leave it out to clear both)")
+        dropped = installed.cache.clear((tier,) if tier else CLEARABLE_TIERS)
+        result: dict[str, Any] = {"status": "cleared", **dropped}
+        if original_clear is not None and tier in (None, "ram"):
             try:
                 result["vllm_mlx"] = await original_clear()
             except Exception as error:

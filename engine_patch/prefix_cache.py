@@ -176,6 +176,17 @@ class PrefixCache:
             self.entries.popitem(last=False)
             self.counters.evictions += 1
 
+    def longest_prefix(self, prompt_tokens: list[int] | np.ndarray) -> int:
+        """How many leading tokens of the prompt the best entry holds, without restoring it."""
+        prompt = np.asarray(prompt_tokens, dtype=np.int64)
+        with self._lock:
+            return max((common_prefix_length(entry.tokens, prompt) for entry in self.entries.values()), default=0)
+
+    def newest_entry(self) -> CachedPrefix | None:
+        """The entry the latest `store` added (the disk tier writes it out)."""
+        with self._lock:
+            return next(reversed(self.entries.values()), None)
+
     def record_fallback(self, reason: str) -> None:
         with self._lock:
             self.counters.fallbacks += 1

@@ -11,11 +11,13 @@ import sys
 from collections.abc import Callable
 
 
-def _serve(argv: list[str]) -> int:
-    from stable_prefix.engine_patch.__main__ import main
+def _engine_patch(command: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        from stable_prefix.engine_patch.__main__ import main
 
-    main(["serve", *argv])
-    return 0
+        return main([command, *argv])
+
+    return run
 
 
 def _up(argv: list[str]) -> int:
@@ -43,7 +45,9 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _up),
     "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _claude),
-    "serve": ("the patched vllm-mlx server: serve MODEL [--prefix-cache-bytes SIZE] [vllm-mlx flags]", _serve),
+    "serve": ("the patched vllm-mlx server: serve MODEL [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
+              _engine_patch("serve")),
+    "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),
     "diff": ("compare two captured requests: diff A.json B.json [--normalized] [--json]", _captures("diff")),
     "report": ("per-lane prefix report of a capture folder: report DIR [--json]", _captures("report")),
 }

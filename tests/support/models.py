@@ -6,6 +6,8 @@ from .processes import REPO_ROOT
 
 DEMO_MODEL = REPO_ROOT / "build" / "tiny-model"
 TEST_MODEL = REPO_ROOT / "build" / "tiny-model-test"
+# The test preset with other random weights (seed 1): another model to the disk cache.
+OTHER_SEED_MODEL = REPO_ROOT / "build" / "tiny-model-test-seed1"
 
 
 def require_model(path: Path = TEST_MODEL) -> Path:

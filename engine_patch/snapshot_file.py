@@ -1,0 +1,261 @@
+"""One KV snapshot as one file: the token ids it holds, its arrays, checksums.
+
+The file is a plain safetensors file (mlx, numpy and the `safetensors` package
+read it): an 8-byte header length, a JSON header naming each tensor's dtype,
+shape and byte range, then the data. The first tensor is `tokens` (int32), so
+the index reads a header and a few KB of token ids, never KV bytes. The header's
+`__metadata__` says what the file is (format, version, the model identity it
+belongs to, how many tokens were prompt), how to rebuild the cache layers
+(`cache_layers.layers_to_arrays`), and a CRC-32 per tensor.
+
+Writing runs on the disk tier's writer thread and never calls MLX: the
+generation thread hands it numpy views of evaluated arrays (`host_view`, zero
+copy), and the writer streams their bytes. Reading runs on the generation
+thread: `read_header` checks everything that can be checked without the data
+(format, identity, sizes and offsets against the file's length), and
+`load_arrays` loads through `mx.load` and checks every tensor's CRC before any
+of it is trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+FORMAT = "stable-prefix-kv"
+FORMAT_VERSION = 1
+TOKENS = "tokens"
+# A header is a few KB (a name, dtype, shape and offsets per tensor); anything
+# far larger is not one of ours.
+MAX_HEADER_BYTES = 16 * 2**20
+CHECKSUM_THREADS = min(8, os.cpu_count() or 1)
+
+# safetensors dtype names, their mlx dtypes, and the numpy dtype whose bytes
+# stand in for them on the host (numpy has no bfloat16: its bits travel as uint16).
+DTYPES: dict[str, tuple[mx.Dtype, np.dtype]] = {
+    "BOOL": (mx.bool_, np.dtype(np.bool_)),
+    "U8": (mx.uint8, np.dtype(np.uint8)),
+    "U16": (mx.uint16, np.dtype(np.uint16)),
+    "U32": (mx.uint32, np.dtype(np.uint32)),
+    "U64": (mx.uint64, np.dtype(np.uint64)),
+    "I8": (mx.int8, np.dtype(np.int8)),
+    "I16": (mx.int16, np.dtype(np.int16)),
+    "I32": (mx.int32, np.dtype(np.int32)),
+    "I64": (mx.int64, np.dtype(np.int64)),
+    "F16": (mx.float16, np.dtype(np.float16)),
+    "BF16": (mx.bfloat16, np.dtype(np.uint16)),
+    "F32": (mx.float32, np.dtype(np.float32)),
+}
+DTYPE_NAMES = {mlx_dtype: name for name, (mlx_dtype, _) in DTYPES.items()}
+
+
+class SnapshotFileError(Exception):
+    """A file that is not a complete, intact snapshot of ours; the message says why."""
+
+
+@dataclass(frozen=True)
+class HostArray:
+    """An array's bytes as the writer thread sees them: a numpy view, no MLX."""
+
+    dtype_name: str
+    data: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+def host_view(array: mx.array) -> HostArray:
+    """A zero-copy numpy view of an evaluated mlx array (call on the thread that owns MLX).
+
+    The view keeps the mlx array alive; snapshot arrays are never written to
+    again, so the writer may read it on another thread.
+    """
+    name = DTYPE_NAMES.get(array.dtype)
+    if name is None:
+        raise SnapshotFileError(f"arrays of dtype {array.dtype} cannot be saved")
+    if array.dtype == mx.bfloat16:
+        array = array.view(mx.uint16)
+    mx.eval(array)
+    return HostArray(name, np.asarray(array))
+
+
+@dataclass(frozen=True)
+class SnapshotHeader:
+    """What a file says about itself, checked against its length."""
+
+    identity: str
+    tokens: np.ndarray
+    prompt_length: int
+    metadata: dict[str, str]
+    tensors: dict[str, dict[str, Any]]
+    file_bytes: int
+
+
+def contiguous_blocks(array: np.ndarray) -> Iterator[np.ndarray]:
+    """`array`'s bytes in row-major order, as C-contiguous pieces (no copy for a KV slice)."""
+    if array.flags.c_contiguous:
+        yield array
+    elif array.ndim <= 1:
+        yield np.ascontiguousarray(array)
+    else:
+        for row in array:
+            yield from contiguous_blocks(row)
+
+
+def checksum(array: np.ndarray) -> int:
+    crc = 0
+    for block in contiguous_blocks(array):
+        crc = zlib.crc32(block.reshape(-1).view(np.uint8), crc)
+    return crc
+
+
+@dataclass(frozen=True)
+class PreparedSnapshot:
+    """A file's exact bytes, ready to stream: its encoded header and its arrays."""
+
+    header: bytes
+    arrays: list[np.ndarray]
+
+    @property
+    def file_bytes(self) -> int:
+        return len(self.header) + sum(array.nbytes for array in self.arrays)
+
+
+def prepare_snapshot(identity: str, tokens: list[int] | np.ndarray, prompt_length: int,
+                     arrays: dict[str, HostArray], layer_metadata: dict[str, str]) -> PreparedSnapshot:
+    """Encode the header (with a CRC-32 of every array, one pass over their bytes)."""
+    ordered = {TOKENS: HostArray("I32", np.asarray(tokens, dtype=np.int32)), **arrays}
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, array in ordered.items():
+        header[name] = {"dtype": array.dtype_name, "shape": list(array.data.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    header["__metadata__"] = {
+        **layer_metadata,
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "identity": identity,
+        "prompt_length": str(prompt_length),
+        "crc32": json.dumps({name: checksum(array.data) for name, array in ordered.items()}),
+    }
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # safetensors pads the header to 8 bytes
+    return PreparedSnapshot(struct.pack("<Q", len(encoded)) + encoded, [array.data for array in ordered.values()])
+
+
+def write_snapshot(path: Path, prepared: PreparedSnapshot) -> None:
+    """Write a new file at `path` (created 0600; it must not exist) and fsync it."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(prepared.header)
+        for array in prepared.arrays:
+            for block in contiguous_blocks(array):
+                file.write(block.reshape(-1).view(np.uint8))
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def read_header(path: Path, identity: str) -> SnapshotHeader:
+    """The header and token ids of the file at `path`; `SnapshotFileError` unless it is
+    a complete snapshot of this format for `identity`."""
+    with open(path, "rb") as file:
+        file_bytes = os.fstat(file.fileno()).st_size
+        if file_bytes < 8:
+            raise SnapshotFileError(f"{file_bytes} bytes: shorter than a header")
+        (header_bytes,) = struct.unpack("<Q", file.read(8))
+        if header_bytes > min(MAX_HEADER_BYTES, file_bytes - 8):
+            raise SnapshotFileError(f"header length {header_bytes} does not fit a {file_bytes}-byte file")
+        try:
+            header = json.loads(file.read(header_bytes))
+        except ValueError as error:
+            raise SnapshotFileError(f"header is not JSON ({error})") from error
+        metadata = header.pop("__metadata__", None) if isinstance(header, dict) else None
+        _check_metadata(metadata, identity)
+        data_start = 8 + header_bytes
+        data_bytes = _check_tensors(header)
+        if data_start + data_bytes != file_bytes:
+            raise SnapshotFileError(f"{file_bytes} bytes, but the header describes {data_start + data_bytes}")
+        start, end = header[TOKENS]["data_offsets"]
+        file.seek(data_start + start)
+        tokens = np.frombuffer(file.read(end - start), dtype=np.int32)
+    if header[TOKENS]["dtype"] != "I32" or len(tokens) != int(np.prod(header[TOKENS]["shape"])):
+        raise SnapshotFileError("the token ids are not an int32 vector")
+    if checksum(tokens) != json.loads(metadata["crc32"]).get(TOKENS):
+        raise SnapshotFileError("the token ids fail their checksum")
+    prompt_length = int(metadata["prompt_length"])
+    if not 0 < prompt_length <= len(tokens):
+        raise SnapshotFileError(f"prompt_length {prompt_length} for {len(tokens)} tokens")
+    return SnapshotHeader(identity, tokens.astype(np.int64), prompt_length, metadata, header, file_bytes)
+
+
+def load_arrays(path: Path, header: SnapshotHeader) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """Every tensor but the tokens, loaded and checked against its CRC; the layer metadata."""
+    arrays = mx.load(str(path), format="safetensors")
+    mx.eval(arrays)
+    crcs = json.loads(header.metadata["crc32"])
+    views = {}
+    for name, described in header.tensors.items():
+        array = arrays.get(name)
+        if array is None or list(array.shape) != described["shape"] or DTYPE_NAMES.get(array.dtype) != described["dtype"]:
+            raise SnapshotFileError(f"tensor {name!r} does not load as its header describes it")
+        views[name] = memoryview(array)
+    # zlib releases the GIL: the checksums of a state's tensors run on all cores at once.
+    with ThreadPoolExecutor(max_workers=CHECKSUM_THREADS, thread_name_prefix="kv-checksum") as pool:
+        actual = dict(zip(views, pool.map(zlib.crc32, views.values())))
+    for name, crc in actual.items():
+        if crc != crcs.get(name):
+            raise SnapshotFileError(f"tensor {name!r} fails its checksum")
+    arrays.pop(TOKENS)
+    return arrays, header.metadata
+
+
+def _check_metadata(metadata: Any, identity: str) -> None:
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise SnapshotFileError("not a stable-prefix KV snapshot")
+    if metadata.get("format_version") != str(FORMAT_VERSION):
+        raise SnapshotFileError(f"format version {metadata.get('format_version')!r}, this build reads {FORMAT_VERSION}")
+    if metadata.get("identity") != identity:
+        raise SnapshotFileError("written for another model identity")
+    for key in ("prompt_length", "crc32", "layers"):
+        if not isinstance(metadata.get(key), str):
+            raise SnapshotFileError(f"metadata {key!r} is missing")
+    try:
+        int(metadata["prompt_length"])
+        if not isinstance(json.loads(metadata["crc32"]), dict):
+            raise ValueError("not an object")
+    except ValueError as error:
+        raise SnapshotFileError(f"metadata is malformed ({error})") from error
+
+
+def _check_tensors(header: dict[str, Any]) -> int:
+    """The data length the tensors cover, back to back from offset 0; raise if they do not."""
+    if TOKENS not in header:
+        raise SnapshotFileError("no token ids")
+    spans = []
+    for name, tensor in header.items():
+        try:
+            dtype = DTYPES[tensor["dtype"]][1]
+            shape = [int(size) for size in tensor["shape"]]
+            start, end = (int(offset) for offset in tensor["data_offsets"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise SnapshotFileError(f"tensor {name!r} is malformed ({error!r})") from error
+        if min(shape, default=0) < 0 or end - start != int(np.prod(shape)) * dtype.itemsize:
+            raise SnapshotFileError(f"tensor {name!r}: {end - start} bytes for shape {shape}")
+        spans.append((start, end))
+    position = 0
+    for start, end in sorted(spans):
+        if start != position:
+            raise SnapshotFileError("tensor data overlaps or leaves gaps")
+        position = end
+    return position

@@ -1,0 +1,84 @@
+"""The RAM prefix cache with the disk tier under it, behind PrefixCache's interface.
+
+A request first asks both tiers how much of its prompt they hold (the disk
+from its index, without reading KV bytes). If a disk snapshot holds more, it
+is loaded and enters the RAM cache like any finished request's state (same
+budget, LRU and trimming rules); the request is then served from RAM. Every
+state the RAM cache keeps is also queued for the disk, whose writer works off
+the request path.
+
+A disk fault never reaches the request: the disk tier counts and logs it and
+the request takes what RAM has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .disk_tier import DiskTier
+from .prefix_cache import Fetched, PrefixCache
+
+
+class TieredCache:
+    def __init__(self, ram: PrefixCache, disk: DiskTier | None = None):
+        self.ram = ram
+        self.disk = disk
+        # SimpleEngine runs one request at a time on one thread: the model of the
+        # request being served is the one its `store` belongs to.
+        self._model: Any = None
+
+    def fetch(self, model: Any, prompt_tokens: list[int]) -> Fetched:
+        self._model = model
+        ram_reuse = self._load_if_longer(model, prompt_tokens) if self.disk is not None else None
+        fetched = self.ram.fetch(model, prompt_tokens)
+        if ram_reuse is not None and fetched.reused > ram_reuse:
+            self.disk.record_hit(fetched.reused)
+        return fetched
+
+    def _load_if_longer(self, model: Any, prompt_tokens: list[int]) -> int | None:
+        """Load the disk's best snapshot into RAM if it reuses more than RAM alone.
+
+        Returns what RAM alone would have reused when a snapshot was loaded, else None.
+        """
+        usable = len(prompt_tokens) - 1  # the last prompt token is always prefilled
+        try:
+            match = self.disk.longest_prefix(model, np.asarray(prompt_tokens, dtype=np.int64))
+        except Exception as error:
+            self.disk.count_error("looking up the disk index", error)
+            return None
+        ram_reuse = min(self.ram.longest_prefix(prompt_tokens), usable)
+        if match is None or min(match.length, usable) <= ram_reuse:
+            return None
+        loaded = self.disk.load(match)
+        if loaded is None:
+            return None
+        self.ram.store(loaded.tokens, loaded.layers, loaded.prompt_length)
+        return ram_reuse
+
+    def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None) -> None:
+        stores = self.ram.counters.stores
+        self.ram.store(tokens, prompt_cache, prompt_length)
+        if self.disk is None or self._model is None or self.ram.counters.stores == stores:
+            return
+        entry = self.ram.newest_entry()
+        try:
+            self.disk.submit(self._model, entry.tokens, entry.layers, entry.prompt_length)
+        except Exception as error:
+            self.disk.count_error("queueing a snapshot for the disk", error)
+
+    def record_fallback(self, reason: str) -> None:
+        self.ram.record_fallback(reason)
+
+    def clear(self, tiers: tuple[str, ...] = ("ram", "disk")) -> dict[str, int]:
+        dropped = {}
+        if "ram" in tiers:
+            dropped["entries_dropped"] = self.ram.clear()
+        if "disk" in tiers and self.disk is not None:
+            dropped["disk_entries_dropped"] = self.disk.clear()
+        return dropped
+
+    def stats(self) -> dict[str, Any]:
+        disk = self.disk.stats() if self.disk is not None else {"disk_enabled": False}
+        return {**self.ram.stats(), **disk}

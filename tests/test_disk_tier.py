@@ -1,0 +1,469 @@
+"""The disk tier under the RAM cache, in process, with the tiny test model.
+
+A "restart" is a new DiskTier and a new, empty RAM cache on the same
+directory. Every bad state is made for real on disk (a cut file, a flipped
+byte, a leftover temporary file, a read-only folder, a second tier writing
+into the same directory), except a full disk, which is a write that fails with
+ENOSPC halfway through.
+"""
+
+import contextlib
+import errno
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
+
+from stable_prefix.engine_patch import disk_tier as disk_tier_module
+from stable_prefix.engine_patch import snapshot_directory
+from stable_prefix.engine_patch.disk_tier import DiskTier
+from stable_prefix.engine_patch.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.snapshot_file import load_arrays, read_header, write_snapshot
+from stable_prefix.engine_patch.tiered_cache import TieredCache
+from tests.support.models import OTHER_SEED_MODEL, TEST_MODEL, require_model
+
+RAM_BUDGET = 10**8
+VOCAB = 1000
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(require_model(TEST_MODEL))[0]
+
+
+@pytest.fixture(scope="module")
+def other_model():
+    return load_model(require_model(OTHER_SEED_MODEL))[0]
+
+
+@pytest.fixture
+def directory(tmp_path):
+    return tmp_path / "kv"
+
+
+@pytest.fixture
+def open_tier(directory):
+    """Start a disk tier for a model, as a server does once it has loaded it; all are closed at the end."""
+    opened = []
+
+    def start(model, model_dir=TEST_MODEL, **options):
+        tier = DiskTier(options.pop("directory", directory), **options)
+        opened.append(tier)
+        tier.model_loaded(model, model_dir)
+        assert tier.identity_for(model, wait=120) is not None
+        return tier
+
+    yield start
+    for tier in opened:
+        tier.close(timeout=5)
+
+
+def tokens(seed: int, length: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, VOCAB, length).tolist()
+
+
+def prefill(model, cache, new_tokens: list[int]) -> np.ndarray:
+    """Prefill as mlx-lm does (states of all but the last token, then its logits alone), the last logits."""
+    if len(new_tokens) > 1:
+        model(mx.array(new_tokens[:-1])[None], cache=cache)
+        mx.eval([layer.state for layer in cache])
+    logits = model(mx.array(new_tokens[-1:])[None], cache=cache)
+    return np.array(logits[0, -1].astype(mx.float32))
+
+
+def serve(cache, model, prompt: list[int]) -> tuple[int, np.ndarray]:
+    """One request as CachedGeneration runs it: fetch, prefill the rest, store. Returns (reused, last logits)."""
+    fetched = cache.fetch(model, prompt)
+    last = prefill(model, fetched.prompt_cache, prompt[fetched.reused :])
+    cache.store(prompt, fetched.prompt_cache, len(prompt))
+    return fetched.reused, last
+
+
+def cold_logits(model, prompt: list[int]) -> np.ndarray:
+    return prefill(model, make_prompt_cache(model), prompt)
+
+
+def tiered(tier) -> TieredCache:
+    return TieredCache(PrefixCache(budget_bytes=RAM_BUDGET), tier)
+
+
+def written(tier, model, prompt) -> TieredCache:
+    cache = tiered(tier)
+    serve(cache, model, prompt)
+    assert tier.flush(timeout=60)
+    return cache
+
+
+def snapshot_files(directory):
+    return sorted(path for path in directory.rglob("*.kv") if not path.name.startswith("."))
+
+
+# --- a restarted server starts warm -------------------------------------------
+
+
+def test_after_a_restart_the_longest_disk_prefix_is_restored_and_computes_what_a_full_prefill_does(model, open_tier):
+    conversation = tokens(1, 400)
+    written(open_tier(model), model, conversation)
+    next_turn = conversation + tokens(2, 30)
+    tier = open_tier(model)
+    reused, restored = serve(tiered(tier), model, next_turn)
+    assert reused == 400
+    np.testing.assert_allclose(restored, cold_logits(model, next_turn), atol=1e-4)
+    stats = tier.stats()
+    assert stats["disk_hits"] == 1 and stats["disk_tokens_loaded"] == 400 and stats["disk_errors"] == 0
+    assert stats["disk_load_seconds"] > 0 and stats["disk_bytes_loaded"] > 0
+
+
+def test_a_prompt_that_diverges_inside_a_disk_snapshot_reuses_the_common_prefix(model, open_tier):
+    stored = tokens(1, 300)
+    written(open_tier(model), model, stored)
+    edited = stored[:120] + tokens(3, 50)
+    reused, restored = serve(tiered(open_tier(model)), model, edited)
+    assert reused == 120
+    np.testing.assert_allclose(restored, cold_logits(model, edited), atol=1e-4)
+
+
+def test_a_lookup_reads_token_ids_only(model, open_tier, monkeypatch):
+    written(open_tier(model), model, tokens(1, 200))
+    tier = open_tier(model)
+
+    def no_kv_reads(*args, **kwargs):
+        raise AssertionError("a lookup read KV bytes")
+
+    monkeypatch.setattr(disk_tier_module, "load_arrays", no_kv_reads)
+    match = tier.longest_prefix(model, np.asarray(tokens(1, 200) + [7]))
+    assert match is not None and match.length == 200
+
+
+def test_a_disk_hit_enters_the_ram_cache_and_is_loaded_once(model, open_tier):
+    conversation = tokens(1, 200)
+    written(open_tier(model), model, conversation)
+    tier = open_tier(model)
+    cache = tiered(tier)
+    serve(cache, model, conversation + tokens(2, 10))
+    serve(cache, model, conversation + tokens(2, 10) + tokens(3, 10))
+    assert tier.stats()["disk_loads"] == 1
+    assert cache.ram.stats()["hits"] == 2
+
+
+def test_the_disk_is_not_read_when_ram_holds_as_much(model, open_tier):
+    tier = open_tier(model)
+    cache = written(tier, model, tokens(1, 200))
+    serve(cache, model, tokens(1, 200) + tokens(2, 10))
+    assert tier.stats()["disk_loads"] == 0
+
+
+def test_another_model_never_loads_the_first_one_s_snapshots(model, other_model, open_tier, directory):
+    conversation = tokens(1, 200)
+    written(open_tier(model), model, conversation)
+    first_files = snapshot_files(directory)
+    other = open_tier(other_model, OTHER_SEED_MODEL)
+    assert other.longest_prefix(other_model, np.asarray(conversation + [1])) is None
+    reused, _ = serve(tiered(other), other_model, conversation + [1])
+    assert reused == 0 and other.stats()["disk_loads"] == 0
+    assert other.flush(timeout=60)
+    assert set(first_files) < set(snapshot_files(directory))  # its own snapshot beside the first model's, which is untouched
+    assert other.identity_for(other_model).key != open_tier(model).identity_for(model).key
+
+
+def test_snapshots_are_private_files_in_a_private_directory(model, open_tier, directory):
+    written(open_tier(model), model, tokens(1, 50))
+    assert directory.stat().st_mode & 0o777 == 0o700
+    (path,) = snapshot_files(directory)
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+# --- the same rules as in RAM: dominated states, budget, LRU --------------------
+
+
+def test_a_new_snapshot_replaces_the_one_whose_prompt_it_repeats(model, open_tier, directory):
+    tier = open_tier(model)
+    cache = written(tier, model, tokens(1, 100))
+    serve(cache, model, tokens(1, 100) + tokens(2, 20))
+    assert tier.flush(timeout=60)
+    (path,) = snapshot_files(directory)
+    assert len(read_header(path, tier.identity_for(model).key).tokens) == 120
+
+
+def file_bytes_of(model, open_tier, tmp_path, length: int) -> int:
+    probe = open_tier(model, directory=tmp_path / "probe")
+    written(probe, model, tokens(99, length))
+    return probe.stats()["disk_bytes"]
+
+
+def test_the_budget_is_never_exceeded_and_the_least_recently_used_goes_first(model, open_tier, directory, tmp_path):
+    size = file_bytes_of(model, open_tier, tmp_path, 150)
+    tier = open_tier(model, budget_bytes=int(size * 2.5))
+    lanes = [tokens(seed, 150) for seed in (11, 12, 13)]
+    for lane in lanes[:2]:
+        written(tier, model, lane)
+        time.sleep(0.01)  # distinct mtimes
+    serve(tiered(tier), model, lanes[0] + [5])  # lane 0 is used again (a disk load touches it)
+    assert tier.flush(timeout=60)
+    time.sleep(0.01)
+    written(tier, model, lanes[2])
+    stats = tier.stats()
+    assert stats["disk_bytes"] <= stats["disk_budget_bytes"]
+    assert stats["disk_evictions"] >= 1
+    held = [read_header(path, tier.identity_for(model).key).tokens.tolist()[:150] for path in snapshot_files(directory)]
+    assert lanes[1] not in held and lanes[2] in held
+
+
+def test_the_budget_never_takes_more_than_the_free_space_minus_a_margin(model, open_tier, tmp_path):
+    size = file_bytes_of(model, open_tier, tmp_path, 150)
+    margin = snapshot_directory.FREE_SPACE_MARGIN_BYTES
+
+    def nearly_full(path):
+        # a small filesystem whose free space leaves room for one snapshot beyond the margin
+        return margin + int(size * 1.5) - sum(status.st_size for _, status in tier.files.files()), 10 * 2**30
+
+    tier = open_tier(model, budget_bytes=10**12, free_space=nearly_full)
+    for seed in (21, 22, 23):
+        written(tier, model, tokens(seed, 150))
+        assert tier.stats()["disk_bytes"] <= size * 1.5
+    assert tier.stats()["disk_entries"] == 1
+
+
+def test_a_state_larger_than_the_budget_is_not_written_and_evicts_nothing(model, open_tier, directory, tmp_path, caplog):
+    size = file_bytes_of(model, open_tier, tmp_path, 50)
+    tier = open_tier(model, budget_bytes=int(size * 1.5))
+    written(tier, model, tokens(1, 50))
+    kept = snapshot_files(directory)
+    with caplog.at_level(logging.WARNING, logger="engine_patch"):
+        written(tier, model, tokens(2, 200))
+    assert snapshot_files(directory) == kept and tier.stats()["disk_evictions"] == 0
+    assert tier.stats()["disk_writes_skipped"] == 1
+    assert "does not fit the disk budget" in caplog.text
+
+
+# --- writes stay off the request path -----------------------------------------
+
+
+class SlowDisk:
+    """A writer that waits for permission: the test decides when the disk finishes."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, path, prepared):
+        self.started.set()
+        assert self.release.wait(timeout=60)
+        write_snapshot(path, prepared)
+
+
+def test_the_next_request_does_not_wait_for_the_previous_one_s_write(model, open_tier):
+    disk = SlowDisk()
+    tier = open_tier(model, write_file=disk.write)
+    cache = tiered(tier)
+    first = tokens(1, 200)
+    serve(cache, model, first)
+    assert disk.started.wait(timeout=60)  # the first state's write has begun and is stuck
+    reused, _ = serve(cache, model, first + tokens(2, 20))  # the whole next request runs meanwhile
+    assert reused == 200
+    assert not disk.release.is_set() and tier.stats()["disk_writes"] == 0
+    disk.release.set()
+    assert tier.flush(timeout=60)
+    assert tier.stats()["disk_writes"] >= 1
+
+
+def test_a_disk_slower_than_the_requests_drops_the_oldest_pending_write(model, open_tier, directory):
+    disk = SlowDisk()
+    tier = open_tier(model, write_file=disk.write, queue_limit=2)
+    cache = tiered(tier)
+    serve(cache, model, tokens(30, 60))
+    assert disk.started.wait(timeout=60)
+    for seed in (31, 32, 33):  # three more lanes queue behind the stuck write
+        serve(cache, model, tokens(seed, 60))
+    assert tier.stats()["disk_writes_dropped"] == 1
+    disk.release.set()
+    assert tier.flush(timeout=60)
+    held = {tuple(read_header(path, tier.identity_for(model).key).tokens.tolist()) for path in snapshot_files(directory)}
+    assert held == {tuple(tokens(seed, 60)) for seed in (30, 32, 33)}
+
+
+def test_a_pending_write_is_superseded_by_the_next_turn_of_its_conversation(model, open_tier):
+    disk = SlowDisk()
+    tier = open_tier(model, write_file=disk.write)
+    cache = tiered(tier)
+    serve(cache, model, tokens(40, 60))
+    assert disk.started.wait(timeout=60)
+    turn = tokens(41, 60)
+    serve(cache, model, turn)
+    serve(cache, model, turn + tokens(42, 10))
+    assert tier.stats()["disk_writes_superseded"] == 1 and tier.stats()["disk_writes_dropped"] == 0
+    disk.release.set()
+    assert tier.flush(timeout=60)
+
+
+# --- bad state on disk ------------------------------------------------------------
+
+
+def cut(path):
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def garble_header(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:8] + b"#" * 16 + data[24:])
+
+
+def append_bytes(path):
+    path.write_bytes(path.read_bytes() + b"\0" * 8)
+
+
+DAMAGE = [cut, flip_last_byte, garble_header, append_bytes]
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=[d.__name__ for d in DAMAGE])
+def test_a_damaged_snapshot_is_deleted_counted_and_the_request_runs_without_it(model, open_tier, directory, damage, caplog):
+    broken, neighbour = tokens(1, 150), tokens(2, 150)
+    tier = open_tier(model)
+    written(tier, model, broken)
+    (broken_path,) = snapshot_files(directory)
+    written(tier, model, neighbour)
+    damage(broken_path)
+    restarted = open_tier(model)
+    with caplog.at_level(logging.WARNING, logger="engine_patch"):
+        reused, answer = serve(tiered(restarted), model, broken + [3])
+    assert reused == 0
+    np.testing.assert_allclose(answer, cold_logits(model, broken + [3]), atol=1e-4)
+    assert restarted.stats()["disk_errors"] == 1 and "disk cache" in caplog.text
+    assert not broken_path.exists()
+    reused, _ = serve(tiered(restarted), model, neighbour + [3])  # the neighbour is intact
+    assert reused == 150
+
+
+def test_a_write_that_crashed_midway_leaves_a_temporary_file_the_next_start_removes(model, open_tier, directory):
+    tier = open_tier(model)
+    written(tier, model, tokens(1, 100))
+    (path,) = snapshot_files(directory)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(finished.stdout)
+    crashed = path.parent / f".tmp-{dead_pid}-{'0' * 32}.kv"
+    crashed.write_bytes(path.read_bytes()[:500])
+    in_flight = path.parent / f".tmp-{os.getppid()}-{'1' * 32}.kv"  # a live process's write
+    in_flight.write_bytes(b"partial")
+    restarted = open_tier(model)
+    serve(tiered(restarted), model, tokens(1, 100) + [4])
+    assert not crashed.exists() and in_flight.exists()
+    assert restarted.stats()["disk_temp_files_removed"] == 1 and restarted.stats()["disk_errors"] == 0
+    assert restarted.stats()["disk_hits"] == 1
+
+
+def test_a_full_disk_loses_the_write_not_the_request(model, open_tier, directory):
+    def disk_full(path, prepared):
+        with open(path, "wb") as file:
+            file.write(prepared.header)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    tier = open_tier(model, write_file=disk_full)
+    cache = written(tier, model, tokens(1, 100))
+    reused, _ = serve(cache, model, tokens(1, 100) + [5])
+    assert reused == 100  # RAM still serves it
+    assert tier.flush(timeout=60)
+    assert tier.stats()["disk_errors"] == 2 and "No space left" in tier.stats()["disk_last_error"]
+    assert list(directory.rglob("*.kv")) == []  # no temporary file left behind
+
+
+@contextlib.contextmanager
+def read_only(*folders):
+    """Make folders read-only for this process, root included (chattr +i)."""
+    if os.geteuid() != 0:
+        for folder in folders:
+            folder.chmod(0o500)
+        undo = [lambda folder=folder: folder.chmod(0o700) for folder in folders]
+    else:
+        if any(subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode for folder in folders):
+            pytest.skip("cannot make a folder read-only for root here (chattr +i failed)")
+        undo = [lambda folder=folder: subprocess.run(["chattr", "-i", str(folder)], check=True) for folder in folders]
+    try:
+        yield
+    finally:
+        for step in undo:
+            step()
+
+
+def test_a_read_only_directory_still_serves_its_snapshots_and_counts_the_failed_writes(model, open_tier, directory):
+    conversation = tokens(1, 100)
+    written(open_tier(model), model, conversation)
+    (path,) = snapshot_files(directory)
+    with read_only(directory, path.parent):
+        tier = open_tier(model)
+        cache = tiered(tier)
+        reused, _ = serve(cache, model, conversation + tokens(2, 10))
+        assert tier.flush(timeout=60)
+        assert reused == 100 and tier.stats()["disk_hits"] == 1
+        assert tier.stats()["disk_errors"] >= 1 and tier.stats()["disk_writes"] == 0
+    assert snapshot_files(directory) == [path]
+
+
+def test_a_directory_that_cannot_be_created_leaves_the_ram_cache_working(model, open_tier, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    tier = open_tier(model, directory=blocker / "kv")
+    cache = written(tier, model, tokens(1, 50))
+    reused, _ = serve(cache, model, tokens(1, 50) + [6])
+    assert reused == 50 and tier.stats()["disk_errors"] >= 1
+
+
+# --- two servers on one directory ---------------------------------------------------
+
+
+def test_two_servers_on_one_directory_share_snapshots_and_one_budget(model, open_tier, directory, tmp_path):
+    size = file_bytes_of(model, open_tier, tmp_path, 120)
+    first, second = open_tier(model, budget_bytes=int(size * 2.5)), open_tier(model, budget_bytes=int(size * 2.5))
+    first_cache, second_cache = tiered(first), tiered(second)
+    for seed in (51, 52, 53, 54):  # both write at once, alternately
+        serve(first_cache, model, tokens(seed, 120))
+        serve(second_cache, model, tokens(seed + 10, 120))
+    assert first.flush(timeout=60) and second.flush(timeout=60)
+    assert first.stats()["disk_bytes"] <= int(size * 2.5)
+    key = first.identity_for(model).key
+    for path in snapshot_files(directory):  # every file the two left is whole
+        load_arrays(path, read_header(path, key))
+    newest = tokens(64, 120)  # the second server's last state: the first one finds it
+    reused, _ = serve(tiered(first), model, newest + [1])
+    assert reused == 120 and first.stats()["disk_errors"] == 0 and second.stats()["disk_errors"] == 0
+
+
+def test_a_snapshot_evicted_by_another_server_between_lookup_and_load_is_a_miss(model, open_tier, directory):
+    conversation = tokens(1, 100)
+    written(open_tier(model), model, conversation)
+    reader, evicter = open_tier(model), open_tier(model)
+    match = reader.longest_prefix(model, np.asarray(conversation + [1]))
+    assert match is not None
+    evicter.clear()
+    assert reader.load(match) is None
+    reused, _ = serve(tiered(reader), model, conversation + [1])
+    assert reused == 0 and reader.stats()["disk_errors"] == 0
+
+
+def test_clearing_deletes_this_model_s_snapshots_and_discards_a_write_in_flight(model, other_model, open_tier, directory):
+    written(open_tier(other_model, OTHER_SEED_MODEL), other_model, tokens(1, 60))
+    disk = SlowDisk()
+    tier = open_tier(model, write_file=disk.write)
+    written_before = snapshot_files(directory)
+    cache = tiered(tier)
+    serve(cache, model, tokens(2, 60))
+    assert disk.started.wait(timeout=60)
+    assert cache.clear(("disk",)) == {"disk_entries_dropped": 0}
+    disk.release.set()
+    assert tier.flush(timeout=60)
+    assert snapshot_files(directory) == written_before  # the other model's snapshot stays; the cleared write never lands
+    assert cache.ram.stats()["entries"] == 1  # RAM was not asked to clear
