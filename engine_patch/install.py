@@ -9,6 +9,9 @@ Four seams, each the narrowest that covers every request:
 - The engine's worker submissions run in the submitting request's context, so
   the generation can tell the HTTP layer how much it reused.
 - The HTTP app gets `/v1/cache/stats`, `DELETE /v1/cache` and the usage fields.
+
+Work the request path repeats needlessly is removed by one module per fix
+(`detokenizer_map`); see docs/request-path.md.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from . import detokenizer_map
 from .cached_generation import CachedGeneration
 from .prefix_cache import PrefixCache
 from .usage_fields import ReuseUsageMiddleware
@@ -92,6 +96,7 @@ def install(budget_bytes: int, max_entries: int | None = None) -> Installed | No
     sys.modules["mlx_lm.generate"].stream_generate = generation
 
     patched += _disable_builtin_prefix_cache()
+    patched += detokenizer_map.install()
     patched += _carry_request_context_to_worker()
     installed = Installed(vllm_mlx.__version__, cache, generation, patched)
     patched += _add_http_endpoints(installed)
