@@ -1,14 +1,18 @@
-"""The four configurations the benchmark compares, and starting one of them.
+"""The configurations the benchmark compares, and starting one of them.
 
 The configuration table is here and nowhere else: the demo runs the product
 (`4-patched+addon`), the benchmark runs all of them, one after the other, each
-on freshly started servers so no cache carries over.
+on freshly started servers so no cache carries over. Each engine also gets a
+fresh, empty home directory, removed when it stops: vllm-mlx's batched engine
+saves its prefix cache to `~/.cache/vllm-mlx/prefix_cache/` on a clean
+shutdown and loads it at start, which would carry one run's cache into the next.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +29,18 @@ ADDON_SCRIPTS = ["addons/strip_billing.py"]
 CAPTURE_SCRIPT = "addons/capture.py"
 CAPTURE_ROOT = REPO_ROOT / "captures" / "sessions"  # capture.py's default capture_dir
 UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # log lines must reach the log file as they happen
+# vllm-mlx 0.6.0's SimpleEngine answers 503 to a request that arrives while another
+# runs, unless told to queue it; a user whose subagents run concurrently must set
+# this (the engine patch sets it by default). It changes nothing for sequential requests.
+QUEUE_CONCURRENT_REQUESTS = {"VLLM_MLX_SIMPLE_ENGINE_LOCK_ADMISSION": "wait"}
 
 
 @dataclass(frozen=True)
 class Configuration:
     key: str
-    engine: str  # "shipped" (vllm-mlx 0.6.0 as released), "patched" (engine_patch) or "mlx-lm" (mlx_lm.server)
+    # "shipped" (vllm-mlx 0.6.0 as released), "batched" (the same with --continuous-batching),
+    # "patched" (engine_patch) or "mlx-lm" (mlx_lm.server)
+    engine: str
     addon: bool  # client -> mitmdump with our addon -> engine, or client -> engine
     title: str
     protocol: str = "anthropic"  # "openai": the requests go to /v1/chat/completions (bench.openai_form)
@@ -43,8 +53,12 @@ CONFIGURATIONS = (
     Configuration("4-patched+addon", "patched", True, "patched engine behind the addon (the product)"),
     # An outside anchor: mlx-lm's own server and its LRU prompt cache, OpenAI path only.
     Configuration("5-mlx-lm", "mlx-lm", False, "mlx_lm.server 0.31.3 (OpenAI path, LRU prompt cache), outside anchor", "openai"),
+    # vllm-mlx's strongest mode as shipped: its batched engine and memory-aware prefix cache.
+    Configuration("6-batched", "batched", False, "vllm-mlx 0.6.0 --continuous-batching as shipped, direct"),
+    Configuration("7-batched+addon", "batched", True, "vllm-mlx 0.6.0 --continuous-batching as shipped, behind the addon (the anchor)"),
 )
 PRODUCT = CONFIGURATIONS[3]
+BATCHED_ANCHOR = CONFIGURATIONS[6]
 
 
 def configuration(key: str) -> Configuration:
@@ -60,6 +74,8 @@ def engine_command(engine: str, model_dir: Path, port: int) -> list[str]:
     serve = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
     if engine == "shipped":
         return [str(VENV_BIN / "vllm-mlx"), *serve]
+    if engine == "batched":
+        return [str(VENV_BIN / "vllm-mlx"), *serve, "--continuous-batching"]
     return [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", *serve]
 
 
@@ -74,6 +90,7 @@ class Endpoints:
     server_log: Path
     proxy_log: Path | None
     capture_dir: Path | None  # where capture.py writes this session's records
+    engine_home: Path | None = None  # the engine's own empty home directory, removed when it stops
 
     def replay(self, requests: list[Request], **options) -> list[Measured]:
         """Replay `requests` through this stack, reading reuse from its engine and logs."""
@@ -96,9 +113,12 @@ def started(
     engine_port = free_port()
     models_url = f"http://127.0.0.1:{engine_port}/v1/models"
     command = engine_command(config.engine, model_dir, engine_port)
-    with running(f"{config.key}-engine", command, port=engine_port, log_dir=log_dir, ready=lambda: http_ok(models_url), env=UNBUFFERED) as engine:
+    with contextlib.ExitStack() as stack:
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"stable-prefix-{config.key}-home-")))
+        env = {**UNBUFFERED, **QUEUE_CONCURRENT_REQUESTS, "HOME": str(home)}
+        engine = stack.enter_context(running(f"{config.key}-engine", command, port=engine_port, log_dir=log_dir, ready=lambda: http_ok(models_url), env=env))
         if not config.addon:
-            yield Endpoints(engine.url, engine.url, engine.log_path, None, None)
+            yield Endpoints(engine.url, engine.url, engine.log_path, None, None, home)
             return
         proxy_port = free_port()
         scripts, options, capture_dir = list(ADDON_SCRIPTS), proxy_options(), None
@@ -107,8 +127,8 @@ def started(
             options["capture_session"] = capture_session
             capture_dir = CAPTURE_ROOT / capture_session
         proxy = mitmdump_command(scripts, engine.url, proxy_port, options)
-        with running(f"{config.key}-mitmdump", proxy, port=proxy_port, log_dir=log_dir, env=UNBUFFERED) as mitmdump:
-            yield Endpoints(mitmdump.url, engine.url, engine.log_path, mitmdump.log_path, capture_dir)
+        mitmdump = stack.enter_context(running(f"{config.key}-mitmdump", proxy, port=proxy_port, log_dir=log_dir, env=UNBUFFERED))
+        yield Endpoints(mitmdump.url, engine.url, engine.log_path, mitmdump.log_path, capture_dir, home)
 
 
 def cpu_description() -> str:
