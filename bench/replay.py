@@ -1,8 +1,8 @@
 """Send a session's requests to a server, in order, streamed, and measure each one.
 
 For every request: time to first token (the first event that carries generated
-output; `message_start` does not count, vllm-mlx sends it before prefill
-starts), total time, and how many prompt tokens the server reused. The reuse
+output, `addons.sse_events.carries_output`: `message_start` does not count,
+vllm-mlx sends it before prefill starts), total time, and how many prompt tokens the server reused. The reuse
 comes from the first source that has it:
 
 1. `usage.cache_read_input_tokens` in the streamed events (the patched engine),
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from stable_prefix.addons.sse_events import EventStream
 from stable_prefix.bench.openai_form import openai_body
 from stable_prefix.bench.session import Request
 
@@ -108,41 +109,25 @@ class LogFollower:
 
 
 def post_streamed(base_url: str, path: str, body: bytes, timeout: float = 1800.0, headers: dict[str, str] | None = None) -> Reply:
-    """POST `body` and read the SSE answer, timing the first text delta and the end."""
+    """POST `body` and read the SSE answer, timing the first output event (`sse_events.carries_output`) and the end."""
     url = urlsplit(base_url)
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
     started = time.perf_counter()
-    ttft = None
-    usage: dict[str, Any] = {}
     try:
         connection.request("POST", path, body=body, headers={**CLIENT_HEADERS, **(headers or {})})
         response = connection.getresponse()
         if response.status != 200:
             detail = response.read().decode(errors="replace")[:500]
             return Reply(response.status, None, time.perf_counter() - started, error=f"HTTP {response.status}: {detail}")
-        error = None
-        while line := response.readline():
-            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                continue
-            event = json.loads(line[5:])
-            if ttft is None and _first_output(event):
-                ttft = time.perf_counter() - started
-            if event.get("type") == "error" or "error" in event:
-                error = json.dumps(event.get("error"))[:500]
-            event_usage = event.get("usage") or (event.get("message") or {}).get("usage")
-            if isinstance(event_usage, dict):
-                usage.update({key: value for key, value in event_usage.items() if value is not None})
+        events = EventStream(clock=time.perf_counter)
+        while chunk := response.read1(65536):
+            events.feed(chunk)
         total = time.perf_counter() - started
-        return Reply(200, ttft if ttft is not None else total, total, usage, error, ttft_is_total=ttft is None)
+        ttft = None if events.first_output_at is None else events.first_output_at - started
+        error = None if events.error is None else json.dumps(events.error)[:500]
+        return Reply(200, ttft if ttft is not None else total, total, events.usage, error, ttft_is_total=ttft is None)
     finally:
         connection.close()
-
-
-def _first_output(event: dict) -> bool:
-    """An Anthropic content delta, or an OpenAI chunk that carries generated text or a tool call."""
-    if event.get("type") == "content_block_delta":
-        return True
-    return any((choice.get("delta") or {}).get("content") or (choice.get("delta") or {}).get("tool_calls") for choice in event.get("choices") or [])
 
 
 def cache_stats(base_url: str) -> dict[str, Any] | None:

@@ -1,11 +1,15 @@
 """Where the replay reads each request's reuse from, in order of preference."""
 
+import json
+
 from stable_prefix.bench.replay import (
     AGENT_ID_HEADER,
+    MESSAGES_PATH,
     LogFollower,
     Reply,
     _diagnosis_line,
     instances,
+    post_streamed,
     reuse_figures,
     reuse_from_log,
     reuse_in_log,
@@ -13,6 +17,7 @@ from stable_prefix.bench.replay import (
     steps,
 )
 from stable_prefix.bench.session import Request
+from tests.support.sse_upstream import sse_upstream
 
 HIT = "INFO:vllm_mlx.engine.simple:System KV cache HIT (stream_chat): reusing 6378 tokens, prefilling 523 new (hash=ab12)"
 MISS = "INFO:vllm_mlx.engine.simple:System KV cache MISS (stream_chat): will prefill 6378 system + 15 suffix tokens (hash=ab12)"
@@ -91,3 +96,13 @@ def test_log_follower_returns_only_complete_new_lines(tmp_path):
     with log.open("a") as out:
         out.write(" written\n")
     assert follower.new_lines() == ["half written"]
+
+
+def test_ttft_is_the_first_output_event_of_a_stream_cut_into_awkward_pieces():
+    body = json.dumps({"stream": True}).encode()
+    headers = {"x-test-fixture": "anthropic_text_then_call.sse", "x-test-pause-before": "content_block_delta", "x-test-pause-seconds": "0.3"}
+    with sse_upstream() as upstream:
+        reply = post_streamed(upstream.url, MESSAGES_PATH, body, headers=headers)
+    assert reply.status == 200 and reply.error is None and not reply.ttft_is_total
+    assert 0.3 <= reply.ttft_s < reply.total_s  # message_start came before the pause, the first delta after it
+    assert reply.usage.get("output_tokens")
