@@ -22,7 +22,7 @@ from stable_prefix.bench.prompt_tokens import PromptRenderer
 from stable_prefix.bench.replay import Measured, warm_up
 from stable_prefix.bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for, view_of
 from stable_prefix.bench.session import generate_session
-from stable_prefix.bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started
+from stable_prefix.bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started, stop_servers_on_sigterm
 from stable_prefix.tools.servers import REPO_ROOT
 
 DEMO_SCALE = 0.2
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scale = args.scale or (1.0 if args.full else DEMO_SCALE)
     logging.getLogger("vllm_mlx").setLevel(logging.WARNING)
+    stop_servers_on_sigterm()
 
     requests = generate_session(args.seed, scale)
     print(f"Session: {len(requests)} requests shaped like Claude Code (scale {scale}); model: {model_description(args.model)['description']}")

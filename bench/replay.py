@@ -213,21 +213,11 @@ def for_client(request: Request, *, max_tokens: int, model: str | None, protocol
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def replay(
-    requests: list[Request],
-    base_url: str,
-    *,
-    server_url: str | None = None,
-    server_log: Path | None = None,
-    proxy_log: Path | None = None,
-    max_tokens: int = 8,
-    model: str | None = None,
-    protocol: str = "anthropic",
-    prompt_tokens_of: Callable[[Request], int | None] | None = None,
-    on_result: Callable[[Measured], None] | None = None,
-) -> list[Measured]:
-    """Replay `requests` against `base_url` (a server, or the proxy in front of it).
+class Replayer:
+    """Replays a session against one stack, a step at a time (`steps`), so several
+    stacks can take turns on the same machine.
 
+    `base_url` is where requests go (a server, or the proxy in front of it);
     `server_url` and `server_log` are the engine's own address and log, for the
     stats and log fallbacks; `proxy_log` is mitmdump's output, whose diagnosis
     line for each request is kept. `protocol="openai"` sends each request in
@@ -235,21 +225,43 @@ def replay(
     `prompt_tokens_of(request)`, the prompt size the engine will see, lets the
     log lines of a fan-out group's concurrent requests be told apart.
     """
-    sender = _Sender(base_url, CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH, max_tokens, model, protocol)
-    server_url = server_url or base_url
-    server_lines, proxy_lines = LogFollower(server_log), LogFollower(proxy_log)
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        server_url: str | None = None,
+        server_log: Path | None = None,
+        proxy_log: Path | None = None,
+        max_tokens: int = 8,
+        model: str | None = None,
+        protocol: str = "anthropic",
+        prompt_tokens_of: Callable[[Request], int | None] | None = None,
+    ):
+        self.sender = _Sender(base_url, CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH, max_tokens, model, protocol)
+        self.server_url = server_url or base_url
+        self.server_lines, self.proxy_lines = LogFollower(server_log), LogFollower(proxy_log)
+        self.prompt_tokens_of = prompt_tokens_of
+
+    def step(self, step: list[Request]) -> list[Measured]:
+        """Send one step: a single request, or a fan-out group concurrently."""
+        if len(step) == 1 and step[0].fan_out is None:
+            before = cache_stats(self.server_url)
+            started_s, reply = self.sender.send(step[0])
+            after = cache_stats(self.server_url)
+            figures, source = reuse_figures(reply, before, after, reuse_from_log(self.server_lines.new_lines()))
+            return [_measured(step[0], reply, figures, source, started_s, _diagnosis_line(self.proxy_lines.new_lines()))]
+        measured = _replay_concurrently(step, self.sender, self.server_lines, self.prompt_tokens_of)
+        self.proxy_lines.new_lines()  # the addon's lines of concurrent requests cannot be told apart
+        return measured
+
+
+def replay(requests: list[Request], base_url: str, *, on_result: Callable[[Measured], None] | None = None, **options) -> list[Measured]:
+    """Replay `requests` against `base_url`, step by step (`Replayer` for the options)."""
+    replayer = Replayer(base_url, **options)
     results: list[Measured] = []
     for step in steps(requests):
-        if len(step) == 1 and step[0].fan_out is None:
-            before = cache_stats(server_url)
-            started_s, reply = sender.send(step[0])
-            after = cache_stats(server_url)
-            figures, source = reuse_figures(reply, before, after, reuse_from_log(server_lines.new_lines()))
-            measured = [_measured(step[0], reply, figures, source, started_s, _diagnosis_line(proxy_lines.new_lines()))]
-        else:
-            measured = _replay_concurrently(step, sender, server_lines, prompt_tokens_of)
-            proxy_lines.new_lines()  # the addon's lines of concurrent requests cannot be told apart
-        for result in measured:
+        for result in replayer.step(step):
             results.append(result)
             if on_result:
                 on_result(result)

@@ -13,6 +13,7 @@ what is measured and the schema of `latest.json`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -30,9 +31,17 @@ from stable_prefix.bench.incontext_prefill import InContextPrefill
 from stable_prefix.bench.metrics import Row, mark_cold_and_warm, summarize
 from stable_prefix.bench.openai_form import openai_body
 from stable_prefix.bench.prompt_tokens import MlxLmPromptRenderer, PromptRenderer, ideal_reusable_tokens
-from stable_prefix.bench.replay import Measured, warm_up
+from stable_prefix.bench.replay import Measured, steps, warm_up
 from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
-from stable_prefix.bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER, Configuration, configuration, cpu_description, started
+from stable_prefix.bench.stack import (
+    SERVED_MODEL_NAME,
+    TOOL_CALL_PARSER,
+    Configuration,
+    configuration,
+    cpu_description,
+    started,
+    stop_servers_on_sigterm,
+)
 from stable_prefix.tools.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
@@ -153,6 +162,22 @@ def progress_line(config: Configuration, result: Measured) -> str:
     )
 
 
+def replay_options(config: Configuration, views: PromptViews, max_tokens: int) -> dict[str, Any]:
+    return {
+        "max_tokens": max_tokens,
+        # A direct client must name the served model; behind the addon, the addon maps it.
+        "model": None if config.addon else SERVED_MODEL_NAME,
+        "protocol": config.protocol,
+        "prompt_tokens_of": lambda request: views.prompt_tokens(config, request),
+    }
+
+
+def measure_reference(config: Configuration, endpoints, renderer: PromptRenderer) -> list[tuple[int, float]]:
+    reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME, protocol=config.protocol)
+    print(f"  {config.key} cold prefill reference (tokens, TTFT s): {[(tokens, round(ttft, 2)) for tokens, ttft in reference]}", flush=True)
+    return reference
+
+
 def run_configuration(
     config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer, views: PromptViews
 ) -> tuple[list[Measured], list[tuple[int, float]]]:
@@ -161,17 +186,32 @@ def run_configuration(
     with started(config, model_dir, log_dir) as endpoints:
         warm_up(endpoints.server_url, SERVED_MODEL_NAME, config.protocol)
         measured = endpoints.replay(
-            requests,
-            max_tokens=max_tokens,
-            # A direct client must name the served model; behind the addon, the addon maps it.
-            model=None if config.addon else SERVED_MODEL_NAME,
-            protocol=config.protocol,
-            prompt_tokens_of=lambda request: views.prompt_tokens(config, request),
-            on_result=lambda result: print(progress_line(config, result), flush=True),
+            requests, on_result=lambda result: print(progress_line(config, result), flush=True), **replay_options(config, views, max_tokens)
         )
-        reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME, protocol=config.protocol)
-        print(f"  cold prefill reference (tokens, TTFT s): {[(tokens, round(ttft, 2)) for tokens, ttft in reference]}", flush=True)
-        return measured, reference
+        return measured, measure_reference(config, endpoints, renderer)
+
+
+def run_interleaved(
+    configs: list[Configuration], requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer, views: PromptViews
+) -> dict[str, tuple[list[Measured], list[tuple[int, float]]]]:
+    """Every configuration's stack running at once, taking turns request by request
+    (step by step: a fan-out group is one turn), the first of each turn rotating,
+    so a change in the machine's load falls on all of them alike. Only one stack
+    works at a time; the others idle (measured: ~0.5% of a core each)."""
+    print(f"interleaved: {', '.join(config.key for config in configs)} started together, taking turns", flush=True)
+    with contextlib.ExitStack() as stack:
+        endpoints = {config.key: stack.enter_context(started(config, model_dir, log_dir)) for config in configs}
+        for config in configs:
+            warm_up(endpoints[config.key].server_url, SERVED_MODEL_NAME, config.protocol)
+        replayers = {config.key: endpoints[config.key].replayer(**replay_options(config, views, max_tokens)) for config in configs}
+        measured: dict[str, list[Measured]] = {config.key: [] for config in configs}
+        for turn, step in enumerate(steps(requests)):
+            first = turn % len(configs)
+            for config in configs[first:] + configs[:first]:
+                for result in replayers[config.key].step(step):
+                    measured[config.key].append(result)
+                    print(progress_line(config, result), flush=True)
+        return {config.key: (measured[config.key], measure_reference(config, endpoints[config.key], renderer)) for config in configs}
 
 
 def model_description(model_dir: Path) -> dict[str, Any]:
@@ -254,6 +294,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, help="replay only the first N requests of the session (the fan-out group is added after them)")
     parser.add_argument("--no-fan-out", dest="fan_out", action="store_false", help="no concurrent fan-out group at the end of the session")
     parser.add_argument("--name", help="output file name stem (default latest; full with --full)")
+    parser.add_argument(
+        "--sequential", dest="interleave", action="store_false",
+        help="one configuration after the other, each alone on the machine (default: all started together, taking turns request by request)",
+    )
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--max-tokens", type=int, default=8, help="max_tokens sent with every request")
     parser.add_argument("--overhead-samples", type=int, help="request pairs for the proxy overhead (0: skip)")
@@ -295,8 +339,12 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     log_dir = args.logs
     configurations = []
     rows: list[Row] = []
+    if args.interleave:
+        replays = run_interleaved(args.configurations, requests, args.model, log_dir, args.max_tokens, renderer, views)
+    else:
+        replays = {config.key: run_configuration(config, requests, args.model, log_dir, args.max_tokens, renderer, views) for config in args.configurations}
     for config in args.configurations:
-        measured, reference = run_configuration(config, requests, args.model, log_dir, args.max_tokens, renderer, views)
+        measured, reference = replays[config.key]
         config_rows = rows_for(config, measured, views, reference)
         rows += config_rows
         configurations.append({
@@ -333,7 +381,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "machine": f"{cpu_description()}, {platform.system()} {platform.machine()}",
         "model": model_description(args.model),
         "session": session_description(requests, views, args.seed, args.scale, args.limit),
-        "replay": {"max_tokens": args.max_tokens, "served_model_name": SERVED_MODEL_NAME},
+        "replay": {"max_tokens": args.max_tokens, "served_model_name": SERVED_MODEL_NAME, "order": "interleaved" if args.interleave else "sequential"},
         "configurations": configurations,
         "proxy_overhead": overhead,
         "rows": rows,
@@ -343,6 +391,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("vllm_mlx").setLevel(logging.WARNING)  # its renderer logs every message merge
     args = parse_args(argv)
+    stop_servers_on_sigterm()
     command = "python -m stable_prefix.bench.run " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
         result = run(args, command.strip())

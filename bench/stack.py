@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.bench.replay import Measured, replay
+from stable_prefix.bench.replay import Measured, Replayer, replay
 from stable_prefix.bench.session import Request
 from stable_prefix.tools.servers import REPO_ROOT, VENV_BIN, free_port, http_ok, mitmdump_command, running
 
@@ -94,14 +95,11 @@ class Endpoints:
 
     def replay(self, requests: list[Request], **options) -> list[Measured]:
         """Replay `requests` through this stack, reading reuse from its engine and logs."""
-        return replay(
-            requests,
-            self.client_url,
-            server_url=self.server_url,
-            server_log=self.server_log,
-            proxy_log=self.proxy_log,
-            **options,
-        )
+        return replay(requests, self.client_url, server_url=self.server_url, server_log=self.server_log, proxy_log=self.proxy_log, **options)
+
+    def replayer(self, **options) -> Replayer:
+        """A `Replayer` for this stack, for replays that take turns with other stacks."""
+        return Replayer(self.client_url, server_url=self.server_url, server_log=self.server_log, proxy_log=self.proxy_log, **options)
 
 
 @contextlib.contextmanager
@@ -129,6 +127,16 @@ def started(
         proxy = mitmdump_command(scripts, engine.url, proxy_port, options)
         mitmdump = stack.enter_context(running(f"{config.key}-mitmdump", proxy, port=proxy_port, log_dir=log_dir, env=UNBUFFERED))
         yield Endpoints(mitmdump.url, engine.url, engine.log_path, mitmdump.log_path, capture_dir, home)
+
+
+def stop_servers_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C, so a stopped benchmark or demo stops its servers too
+    (a background job ignores SIGINT, and SIGTERM's default would orphan them)."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def cpu_description() -> str:
