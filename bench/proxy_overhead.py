@@ -28,7 +28,6 @@ shipped, the addon without its prefix diagnosis, and the addon with capture.py.
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import shutil
 import time
@@ -36,6 +35,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from stable_prefix.addons.sse_events import format_event
 from stable_prefix.bench.metrics import paired_difference_ms
 from stable_prefix.bench.replay import MESSAGES_PATH, Reply, post_streamed
 from stable_prefix.bench.session import MAIN_LANE, generate_session
@@ -47,18 +47,15 @@ TARGET_BODY_BYTES = 90_000
 FIRST_TOKEN_DELAY_S = 0.030
 
 
-def _event(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
-
-_MESSAGE_START = _event("message_start", {"type": "message_start", "message": {"id": "msg_stub", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 1, "output_tokens": 0}}})
-_FIRST_TOKEN = _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}) + _event(
-    "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}}
+_MESSAGE_START = format_event({"type": "message_start", "message": {"id": "msg_stub", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 1, "output_tokens": 0}}}, "message_start")
+_FIRST_TOKEN = format_event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, "content_block_start") + format_event(
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}}, "content_block_delta"
 )
 _REST = b"".join((
-    _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-    _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}}),
-    _event("message_stop", {"type": "message_stop"}),
+    format_event({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+    format_event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}}, "message_delta"),
+    format_event({"type": "message_stop"}, "message_stop"),
 ))
 
 
