@@ -191,6 +191,12 @@ def run_configuration(
         return measured, measure_reference(config, endpoints, renderer)
 
 
+def turn_order(configs: list[Configuration], turn: int) -> list[Configuration]:
+    """Who sends first rotates from turn to turn, so none always goes first (or last)."""
+    first = turn % len(configs)
+    return configs[first:] + configs[:first]
+
+
 def run_interleaved(
     configs: list[Configuration], requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer, views: PromptViews
 ) -> dict[str, tuple[list[Measured], list[tuple[int, float]]]]:
@@ -206,8 +212,7 @@ def run_interleaved(
         replayers = {config.key: endpoints[config.key].replayer(**replay_options(config, views, max_tokens)) for config in configs}
         measured: dict[str, list[Measured]] = {config.key: [] for config in configs}
         for turn, step in enumerate(steps(requests)):
-            first = turn % len(configs)
-            for config in configs[first:] + configs[:first]:
+            for config in turn_order(configs, turn):
                 for result in replayers[config.key].step(step):
                     measured[config.key].append(result)
                     print(progress_line(config, result), flush=True)
