@@ -28,6 +28,10 @@ every field). The figures here are plain functions of rows so that
   the time the same server needs to prefill as many tokens from nothing
   (`bench.prefill_reference`). New tokens after a long cached context cost more
   than as many from nothing, so this one no cache can bring to 1.
+- **paired TTFT ratio** (the product against the anchor): each warm request's
+  TTFT in one configuration over the same request's in the other, both replayed
+  in the same turn of an interleaved run; the median ratio with a bootstrap 95%
+  confidence interval, per lane and over all lanes.
 - **paired differences** (proxy overhead): latency through a proxy minus latency
   direct, paired request by request, as p50 and p95 in ms, with a bootstrap 95%
   confidence interval of the median; a difference whose interval includes zero
@@ -187,3 +191,28 @@ def paired_difference_ms(baseline_s: Sequence[float], measured_s: Sequence[float
         "within_noise": None if interval is None else interval[0] <= 0 <= interval[1],
         "samples": len(added),
     }
+
+
+def paired_ttft_ratio(rows: Iterable[Row], other: Iterable[Row], warm: bool = True) -> dict[str, Any]:
+    """Median over the warm (or cold) requests outside the fan-out of TTFT(rows) / TTFT(other)
+    for the same request, with the median's 95% confidence interval; `within_noise` when
+    that interval includes 1. Per lane under "lanes", all lanes under "all"."""
+    theirs = {row["index"]: row for row in other}
+    pairs: dict[str, list[float]] = {}
+    for row in sequential(rows):
+        match = theirs.get(row["index"])
+        if row["warm"] == warm and match and row.get("ttft_s") and match.get("ttft_s"):
+            ratio = row["ttft_s"] / match["ttft_s"]
+            pairs.setdefault(row["lane"], []).append(ratio)
+            pairs.setdefault("", []).append(ratio)
+
+    def summary(ratios: list[float]) -> dict[str, Any]:
+        interval = median_confidence_interval(ratios)
+        return {
+            "requests": len(ratios),
+            "median": median(ratios),
+            "ci95": list(interval) if interval else None,
+            "within_noise": None if interval is None else interval[0] <= 1 <= interval[1],
+        }
+
+    return {"all": summary(pairs.pop("", [])), "lanes": {lane: summary(ratios) for lane, ratios in sorted(pairs.items())}}

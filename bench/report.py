@@ -117,6 +117,10 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _interval_times(values: list[float] | None) -> str:
+    return "" if not values else f" [{values[0]:.2f}, {values[1]:.2f}]"
+
+
 def _met(value: float | None, limit: float) -> str:
     return "unknown" if value is None else ("met" if value <= limit else "not met")
 
@@ -131,24 +135,41 @@ def targets_table(result: dict[str, Any]) -> list[str]:
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or not b else a / b
 
-    rows = [("warm TTFT median, all lanes", product["warm_ttft_median_s"], anchor["warm_ttft_median_s"])]
+    comparison = result.get("comparison") or {}
+    paired, paired_cold = comparison.get("paired_ttft_ratio") or {}, comparison.get("paired_cold_ttft_ratio") or {}
+    rows = [("warm TTFT median, all lanes", product["warm_ttft_median_s"], anchor["warm_ttft_median_s"], paired.get("all"))]
     for lane in sorted(product["lanes"]):
-        rows.append((f"warm TTFT median, {lane}", product["lanes"][lane]["warm_ttft_median_s"], (anchor["lanes"].get(lane) or {}).get("warm_ttft_median_s")))
-    rows.append(("cold TTFT median", product["cold_ttft_median_s"], anchor["cold_ttft_median_s"]))
-    rows.append(("fan-out wall time", product.get("fan_out_wall_s"), anchor.get("fan_out_wall_s")))
+        mine, theirs = product["lanes"][lane], anchor["lanes"].get(lane) or {}
+        if mine["warm_ttft_median_s"] is None:  # a lane with cold requests only (title)
+            rows.append((f"cold TTFT median, {lane}", mine["cold_ttft_median_s"], theirs.get("cold_ttft_median_s"), (paired_cold.get("lanes") or {}).get(lane)))
+        else:
+            rows.append((f"warm TTFT median, {lane}", mine["warm_ttft_median_s"], theirs.get("warm_ttft_median_s"), (paired.get("lanes") or {}).get(lane)))
+    rows.append(("cold TTFT median, all lanes", product["cold_ttft_median_s"], anchor["cold_ttft_median_s"], paired_cold.get("all")))
+    rows.append(("fan-out wall time", product.get("fan_out_wall_s"), anchor.get("fan_out_wall_s"), None))
     lines = [
         "",
-        f"Targets, in this run: the product ({PRODUCT_NUMBER}) against vllm-mlx --continuous-batching behind the addon ({ANCHOR_NUMBER}); ratio = product / anchor, met when <= 1.",
+        f"Targets, in this run: the product ({PRODUCT_NUMBER}) against vllm-mlx --continuous-batching behind the addon ({ANCHOR_NUMBER}); "
+        "ratio = product / anchor, met when <= 1. Paired: the median over the warm requests of each one's TTFT ratio "
+        "(same request, same turn of the run) with its 95% confidence interval; \"within noise\" when it includes 1.",
         "",
-        "| figure | product | anchor | ratio | |",
-        "|---|---|---|---|---|",
+        "| figure | product | anchor | ratio | paired ratio [95% CI] | |",
+        "|---|---|---|---|---|---|",
     ]
-    for what, mine, theirs in rows:
-        lines.append(f"| {what} | {_seconds(mine)} | {_seconds(theirs)} | {_times(ratio(mine, theirs))} | {_met(ratio(mine, theirs), 1.0)} |")
+    for what, mine, theirs, pairs in rows:
+        verdict = _met(ratio(mine, theirs), 1.0)
+        paired_cell = ""
+        if pairs and pairs.get("median") is not None:
+            paired_cell = f"{_times(pairs['median'])}{_interval_times(pairs.get('ci95'))}"
+            if pairs.get("within_noise"):
+                verdict += " (within noise)"
+        lines.append(f"| {what} | {_seconds(mine)} | {_seconds(theirs)} | {_times(ratio(mine, theirs))} | {paired_cell} | {verdict} |")
     prefilled = ratio(product["tokens_prefilled"], anchor["tokens_prefilled"])
-    lines.append(f"| tokens prefilled | {_tokens(product['tokens_prefilled'])} | {_tokens(anchor['tokens_prefilled'])} | {_times(prefilled)} | {_met(prefilled, 1.0)} |")
+    lines.append(f"| tokens prefilled | {_tokens(product['tokens_prefilled'])} | {_tokens(anchor['tokens_prefilled'])} | {_times(prefilled)} | | {_met(prefilled, 1.0)} |")
     incontext = product.get("warm_ttft_over_incontext_prefill_median")
-    lines.append(f"| product warm TTFT / in-context prefill of its new tokens (median), target <= 1.3x | {_times(incontext)} | {_times(anchor.get('warm_ttft_over_incontext_prefill_median'))} | | {_met(incontext, 1.3)} |")
+    lines.append(
+        f"| warm TTFT / in-context prefill of its new tokens (median), target <= 1.3x | {_times(incontext)} | "
+        f"{_times(anchor.get('warm_ttft_over_incontext_prefill_median'))} | | | {_met(incontext, 1.3)} |"
+    )
     return lines
 
 

@@ -28,12 +28,14 @@ from stable_prefix.addons.normalize import Rules, api_for, normalize
 from stable_prefix.bench import prefill_reference, proxy_overhead, report
 from stable_prefix.bench.fan_out import with_fan_out
 from stable_prefix.bench.incontext_prefill import InContextPrefill
-from stable_prefix.bench.metrics import Row, mark_cold_and_warm, summarize
+from stable_prefix.bench.metrics import Row, mark_cold_and_warm, paired_ttft_ratio, summarize
 from stable_prefix.bench.openai_form import openai_body
 from stable_prefix.bench.prompt_tokens import MlxLmPromptRenderer, PromptRenderer, ideal_reusable_tokens
 from stable_prefix.bench.replay import Measured, steps, warm_up
 from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
 from stable_prefix.bench.stack import (
+    BATCHED_ANCHOR,
+    PRODUCT,
     SERVED_MODEL_NAME,
     TOOL_CALL_PARSER,
     Configuration,
@@ -378,6 +380,16 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         config["summary"]["proxy_overhead_ms_p50_ci95"] = added_ttft.get("p50_ci95")
         config["summary"]["proxy_overhead_total_instant_upstream_ms_p50"] = added_total.get("p50")
         config["summary"]["proxy_overhead_total_instant_upstream_ms_p95"] = added_total.get("p95")
+    keys = [config.key for config in args.configurations]
+    comparison = None
+    if PRODUCT.key in keys and BATCHED_ANCHOR.key in keys:
+        product_rows, anchor_rows = ([row for row in rows if row["configuration"] == key] for key in (PRODUCT.key, BATCHED_ANCHOR.key))
+        comparison = {
+            "product": PRODUCT.key,
+            "anchor": BATCHED_ANCHOR.key,
+            "paired_ttft_ratio": paired_ttft_ratio(product_rows, anchor_rows),
+            "paired_cold_ttft_ratio": paired_ttft_ratio(product_rows, anchor_rows, warm=False),
+        }
     return {
         "schema": 2,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
@@ -389,6 +401,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "replay": {"max_tokens": args.max_tokens, "served_model_name": SERVED_MODEL_NAME, "order": "interleaved" if args.interleave else "sequential"},
         "configurations": configurations,
         "proxy_overhead": overhead,
+        "comparison": comparison,
         "rows": rows,
     }
 

@@ -7,6 +7,7 @@ from stable_prefix.bench.metrics import (
     mark_cold_and_warm,
     median_confidence_interval,
     paired_difference_ms,
+    paired_ttft_ratio,
     percentile,
     reuse_efficiency,
     summarize,
@@ -207,3 +208,15 @@ def test_ideal_reuse_takes_the_best_earlier_prompt_of_any_lane():
 
 def test_ideal_reuse_leaves_the_last_token_of_a_repeated_prompt_to_compute():
     assert ideal_reusable_tokens([[1, 2, 3], [1, 2, 3]]) == [0, 2]
+
+
+def test_the_paired_ttft_ratio_compares_each_warm_request_with_itself_in_the_other_configuration(trace):
+    for index, each in enumerate(trace):
+        each["index"] = index
+    other = [dict(each, ttft_s=each["ttft_s"] * 2) for each in trace]  # twice as slow on every request
+    other[3]["ttft_s"] = trace[3]["ttft_s"]  # ... but one: the same
+    comparison = paired_ttft_ratio(trace, other)
+    assert comparison["all"]["requests"] == 3  # the warm ones
+    assert comparison["all"]["median"] == 0.5
+    assert comparison["lanes"]["main"] == {"requests": 2, "median": 0.5, "ci95": [0.5, 0.5], "within_noise": False}
+    assert comparison["lanes"]["sub:explore"]["median"] == 1.0 and comparison["lanes"]["sub:explore"]["ci95"] is None
