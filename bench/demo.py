@@ -72,14 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scale = args.scale or (1.0 if args.full else DEMO_SCALE)
     logging.getLogger("vllm_mlx").setLevel(logging.WARNING)
-    stop_servers_on_sigterm()
 
     requests = generate_session(args.seed, scale)
     print(f"Session: {len(requests)} requests shaped like Claude Code (scale {scale}); model: {model_description(args.model)['description']}")
     views = PromptViews(requests, PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER), {view_of(PRODUCT)}, args.model)
     capture_session = time.strftime("demo-%Y%m%d-%H%M%S")
     try:
-        with started(PRODUCT, args.model, args.logs, capture_session=capture_session) as endpoints:
+        with stop_servers_on_sigterm(), started(PRODUCT, args.model, args.logs, capture_session=capture_session) as endpoints:
             print(f"Started: patched vllm-mlx on {endpoints.server_url}, mitmdump with our addons on {endpoints.client_url}", flush=True)
             warm_up(endpoints.server_url, SERVED_MODEL_NAME)
             print()

@@ -409,10 +409,10 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("vllm_mlx").setLevel(logging.WARNING)  # its renderer logs every message merge
     args = parse_args(argv)
-    stop_servers_on_sigterm()
     command = "python -m stable_prefix.bench.run " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
-        result = run(args, command.strip())
+        with stop_servers_on_sigterm():
+            result = run(args, command.strip())
     except KeyboardInterrupt:
         print("\ninterrupted: servers stopped, nothing written", file=sys.stderr)
         return 130

@@ -129,14 +129,19 @@ def started(
         yield Endpoints(mitmdump.url, engine.url, engine.log_path, mitmdump.log_path, capture_dir, home)
 
 
-def stop_servers_on_sigterm() -> None:
-    """Make SIGTERM unwind like Ctrl-C, so a stopped benchmark or demo stops its servers too
-    (a background job ignores SIGINT, and SIGTERM's default would orphan them)."""
+@contextlib.contextmanager
+def stop_servers_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM unwinds like Ctrl-C, so a stopped benchmark or demo stops
+    its servers too (a background job ignores SIGINT, and SIGTERM's default would orphan them)."""
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cpu_description() -> str:
