@@ -133,7 +133,7 @@ def rows_for(
     return mark_cold_and_warm(rows)
 
 
-def measure_incontext_prefill(config_rows: list[Row], views: PromptViews, configs: dict[str, Configuration], model_dir: Path) -> None:
+def measure_incontext_prefill(config_rows: list[Row], views: PromptViews, configs: dict[str, Configuration], model_dir: Path, repeats: int = 3) -> None:
     """Set `incontext_prefill_s` on the warm rows of `configs` whose reuse is known:
     the model's time to prefill the request's new tokens on top of its reused prefix."""
     wanted = {
@@ -146,7 +146,7 @@ def measure_incontext_prefill(config_rows: list[Row], views: PromptViews, config
     if not wanted:
         return
     print(f"in-context prefill: {len(wanted)} warm requests of {', '.join(configs)}, new tokens on top of their reused prefix ...", flush=True)
-    seconds = InContextPrefill(model_dir).measure_all(wanted)
+    seconds = InContextPrefill(model_dir, repeats=repeats).measure_all(wanted)
     for row in config_rows:
         row["incontext_prefill_s"] = seconds.get((row["configuration"], row["index"]), row["incontext_prefill_s"])
 
@@ -312,6 +312,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--incontext-engines", default="patched,batched",
         help="comma-separated engines (shipped, batched, patched) whose warm requests get the in-context prefill yardstick (default patched,batched; '' for none)",
     )
+    parser.add_argument(
+        "--incontext-repeats", type=int,
+        help="timings per request of the in-context prefill yardstick, median kept (default 3; 1 with --full, where one takes up to a minute)",
+    )
     parser.add_argument("--out", type=Path, help="output directory (default bench/results, or build/bench-quick with --quick)")
     parser.add_argument("--logs", type=Path, default=REPO_ROOT / "build" / "bench-logs", help="server and proxy logs (default build/bench-logs)")
     args = parser.parse_args(argv)
@@ -320,6 +324,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.name = args.name or ("full" if args.full else "latest")
     if args.full and args.limit is None:
         args.limit = FULL_LIMIT
+    if args.incontext_repeats is None:
+        args.incontext_repeats = 1 if args.full else 3
     if args.overhead_samples is None:
         args.overhead_samples = 20 if args.quick else 60
     args.incontext_engines = {engine.strip() for engine in args.incontext_engines.split(",") if engine.strip()}
@@ -363,7 +369,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             "summary": summarize(config_rows),
         })
     incontext = {config.key: config for config in args.configurations if config.engine in args.incontext_engines}
-    measure_incontext_prefill(rows, views, incontext, args.model)
+    measure_incontext_prefill(rows, views, incontext, args.model, args.incontext_repeats)
     for config in configurations:
         config["summary"] = summarize([row for row in rows if row["configuration"] == config["key"]])
     overhead = None
