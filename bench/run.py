@@ -31,7 +31,7 @@ from stable_prefix.bench.incontext_prefill import InContextPrefill
 from stable_prefix.bench.metrics import Row, mark_cold_and_warm, paired_ttft_ratio, summarize
 from stable_prefix.bench.openai_form import openai_body
 from stable_prefix.bench.prompt_tokens import MlxLmPromptRenderer, PromptRenderer, ideal_reusable_tokens
-from stable_prefix.bench.replay import Measured, steps, warm_up
+from stable_prefix.bench.replay import AGENT_ID_HEADER, Measured, steps, warm_up
 from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
 from stable_prefix.bench.stack import (
     BATCHED_ANCHOR,
@@ -109,6 +109,7 @@ def rows_for(
             "lane": result.request.lane,
             "conversation": result.request.conversation,
             "fan_out": result.request.fan_out,
+            "agent_id": result.request.headers.get(AGENT_ID_HEADER),  # the subagent instance, where the client names it
             "body_bytes": len(result.request.body_bytes()),
             "status": result.reply.status,
             "error": result.reply.error,
@@ -280,7 +281,7 @@ def session_description(requests: list[Request], views: PromptViews, seed: int, 
         "ideal_reusable_tokens_behind_addon": sum(views.ideal[ADDON_VIEW]),
         "fan_out": {
             "groups": len({r.fan_out for r in fan_out}),
-            "instances": len({(r.fan_out, r.headers.get("x-claude-code-agent-id")) for r in fan_out}),
+            "instances": len({(r.fan_out, r.headers.get(AGENT_ID_HEADER)) for r in fan_out}),
             "requests": len(fan_out),
         },
         "notable_requests": notable_requests(requests),

@@ -46,19 +46,25 @@ def test_every_output_file_is_written(result):
 
 def test_json_has_rows_for_every_request_of_every_configuration_fan_out_included(result):
     _, data = result
-    assert data["session"]["fan_out"] == {"groups": 1, "instances": 3, "requests": 9}
-    assert len(data["rows"]) == len(CONFIGS) * (SESSION_REQUESTS + 9)
+    fan_out = data["session"]["fan_out"]
+    assert fan_out["groups"] >= 1 and fan_out["instances"] >= 2 * fan_out["groups"]
+    assert len(data["rows"]) == len(CONFIGS) * data["session"]["requests"]
     assert all(row["status"] == 200 and row["error"] is None for row in data["rows"])
     for summary in by_key(data).values():
-        assert summary["fan_out_requests"] == 9 and summary["fan_out_wall_s"] > 0
+        assert summary["fan_out_requests"] == fan_out["requests"] and summary["fan_out_wall_s"] > 0
 
 
 def test_the_fan_out_instances_are_sent_at_the_same_time(result):
     _, data = result
     for key in CONFIGS:
-        group = [row for row in rows_of(data, key) if row["fan_out"]]
-        firsts = group[:3]  # each instance's first turn
-        assert max(row["started_s"] for row in firsts) < min(row["started_s"] + row["total_s"] for row in firsts), key
+        firsts: dict[tuple[str, str], dict] = {}
+        for row in rows_of(data, key):
+            if row["fan_out"]:
+                firsts.setdefault((row["fan_out"], row["agent_id"]), row)  # each instance's first turn
+        for group in {group for group, _ in firsts}:
+            turns = [row for (each, _), row in firsts.items() if each == group]
+            assert len(turns) >= 2
+            assert max(row["started_s"] for row in turns) < min(row["started_s"] + row["total_s"] for row in turns), (key, group)
 
 
 def test_the_ideal_baseline_renders_the_prompts_every_server_prefilled(result):
