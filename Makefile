@@ -66,14 +66,17 @@ serve: setup $(if $(filter $(TINY_MODEL),$(MODEL)),tiny-model)
 demo: setup tiny-model
 	$(PY) -m stable_prefix.bench.demo $(if $(FULL),--full)
 
-# The side-by-side benchmark of the four configurations (+ mlx_lm.server as an
-# outside anchor) -> bench/results/latest.*
-# QUICK=1: a reduced session in under ~5 minutes -> build/bench-quick/latest.*
+# The side-by-side benchmark: vllm-mlx as shipped, its --continuous-batching mode,
+# the patched engine, each direct and behind the addon, and mlx_lm.server
+# -> bench/results/latest.*
+# QUICK=1: a reduced session -> build/bench-quick/latest.*
+# FULL=1: real Claude Code size (fewer requests, same prompt sizes), the product,
+# the batched anchor and vllm-mlx as shipped -> bench/results/full.*
 # Then the restart scenario (disk tier: a killed and restarted engine, cold vs
 # restored, restore throughput on a >= 1 GiB state) -> bench/results/restart.*
 bench: setup tiny-model
-	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(BENCH_ARGS)
-	$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick)
+	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(if $(FULL),--full) $(BENCH_ARGS)
+	$(if $(FULL),,$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick))
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.

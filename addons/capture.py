@@ -34,7 +34,7 @@ from mitmproxy import ctx, exceptions, http
 from stable_prefix.addons import exposure
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.request_body import FLOW_NOTES, api_of
-from stable_prefix.addons.sse_events import SSEParser
+from stable_prefix.addons.sse_events import EventStream, merge_usage
 
 logger = logging.getLogger(__name__)
 
@@ -65,33 +65,6 @@ def json_or_text(content: bytes | None) -> tuple[str, Any]:
         return "body_text", (content or b"").decode("utf-8", "replace")
 
 
-def merge_usage(usage: dict, payload: Any) -> None:
-    """Fold the usage found in one JSON payload (an SSE event or a whole
-    response) into `usage`: Anthropic sends it in message_start and
-    message_delta, OpenAI in the last chunk or the response."""
-    if not isinstance(payload, dict):
-        return
-    found = payload.get("usage")
-    if payload.get("type") == "message_start" and isinstance(payload.get("message"), dict):
-        found = payload["message"].get("usage")
-    if isinstance(found, dict):
-        usage.update({key: value for key, value in found.items() if value is not None})
-
-
-def carries_output(payload: Any) -> bool:
-    """Whether an event holds generated output (not just the message opening):
-    the first one marks the time to first token."""
-    if not isinstance(payload, dict):
-        return False
-    if payload.get("type") == "content_block_delta":
-        return True
-    choices = payload.get("choices")
-    return isinstance(choices, list) and any(
-        isinstance(choice, dict) and isinstance(choice.get("delta"), dict) and any(choice["delta"].get(key) for key in ("content", "tool_calls", "reasoning_content"))
-        for choice in choices
-    )
-
-
 class UsageObserver:
     """A `flow.response.stream` callable that passes every chunk on unchanged
     (through `previous`, when another addon already transforms the stream)
@@ -100,19 +73,21 @@ class UsageObserver:
 
     def __init__(self, previous: Callable | bool | None) -> None:
         self.previous = previous if callable(previous) else None
-        self.parser = SSEParser()
-        self.usage: dict = {}
+        self.events = EventStream(clock=time.time)  # flow timestamps are time.time()
         self.first_chunk_at: float | None = None
-        self.first_output_at: float | None = None
+
+    @property
+    def usage(self) -> dict:
+        return self.events.usage
+
+    @property
+    def first_output_at(self) -> float | None:
+        return self.events.first_output_at
 
     def __call__(self, chunk: bytes):
         if chunk and self.first_chunk_at is None:
             self.first_chunk_at = time.time()
-        for event in self.parser.feed(chunk):
-            payload = event.json()
-            merge_usage(self.usage, payload)
-            if self.first_output_at is None and carries_output(payload):
-                self.first_output_at = time.time()
+        self.events.feed(chunk)
         return self.previous(chunk) if self.previous else chunk
 
 

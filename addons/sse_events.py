@@ -1,16 +1,23 @@
-"""Server-sent events, cut out of a byte stream that arrives in arbitrary chunks.
+"""Server-sent events: the one parser, formatter and "first token" of the project.
 
 A streaming modifier sees the body as the network delivers it: an event can be
 split anywhere, even inside a multi-byte UTF-8 character. `SSEParser` keeps the
 incomplete tail and only hands out whole events (text is decoded per complete
 event, so split characters are never an issue). Each event keeps its original
 bytes, so an addon that leaves an event alone can send exactly what it received.
+`format_event` writes one. `carries_output` is what "first token" means
+everywhere (capture, the bench's replay, test clients and recorders): the first
+event that holds generated output, not the message opening that servers send
+before they prefill. `EventStream` follows one response's events with it and
+with `merge_usage`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,3 +85,63 @@ class SSEParser:
         """Bytes left after the last complete event (a stream cut short); the caller passes them on as they are."""
         rest, self._buffer = self._buffer, b""
         return rest
+
+
+def carries_output(payload: Any) -> bool:
+    """Whether an event holds generated output: an Anthropic `content_block_delta`
+    (text, tool input or thinking), or an OpenAI chunk with content, tool calls or
+    reasoning. `message_start` / a role-only first chunk do not: vllm-mlx sends them
+    before it prefills. The first event that does marks the time to first token."""
+    if not isinstance(payload, dict):
+        return False
+    if payload.get("type") == "content_block_delta":
+        return True
+    choices = payload.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and isinstance(choice.get("delta"), dict) and any(choice["delta"].get(key) for key in ("content", "tool_calls", "reasoning_content"))
+        for choice in choices
+    )
+
+
+def merge_usage(usage: dict, payload: Any) -> None:
+    """Fold the usage found in one JSON payload (an SSE event or a whole
+    response) into `usage`: Anthropic sends it in message_start and
+    message_delta, OpenAI in the last chunk or the response."""
+    if not isinstance(payload, dict):
+        return
+    found = payload.get("usage")
+    if payload.get("type") == "message_start" and isinstance(payload.get("message"), dict):
+        found = payload["message"].get("usage")
+    if isinstance(found, dict):
+        usage.update({key: value for key, value in found.items() if value is not None})
+
+
+def error_in(payload: Any) -> Any | None:
+    """The error an event reports (Anthropic `{"type": "error", "error": ...}`, OpenAI `{"error": ...}`), or None."""
+    if isinstance(payload, dict) and (payload.get("type") == "error" or "error" in payload):
+        return payload.get("error")
+    return None
+
+
+class EventStream:
+    """One response's events as they arrive: the usage they report, when the first
+    one carrying output arrived (`first_output_at`, on `clock`), and the first
+    error event's error."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.parser = SSEParser()
+        self.usage: dict = {}
+        self.first_output_at: float | None = None
+        self.error: Any | None = None
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        events = self.parser.feed(chunk)
+        for event in events:
+            payload = event.json()
+            merge_usage(self.usage, payload)
+            if self.first_output_at is None and carries_output(payload):
+                self.first_output_at = self.clock()
+            if self.error is None:
+                self.error = error_in(payload)
+        return events

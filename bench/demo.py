@@ -20,9 +20,9 @@ from pathlib import Path
 from stable_prefix.bench.metrics import Row, mark_cold_and_warm, reuse_efficiency, summarize
 from stable_prefix.bench.prompt_tokens import PromptRenderer
 from stable_prefix.bench.replay import Measured, warm_up
-from stable_prefix.bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for
+from stable_prefix.bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for, view_of
 from stable_prefix.bench.session import generate_session
-from stable_prefix.bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started
+from stable_prefix.bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started, stop_servers_on_sigterm
 from stable_prefix.tools.servers import REPO_ROOT
 
 DEMO_SCALE = 0.2
@@ -53,6 +53,8 @@ def summary_lines(rows: list[Row]) -> list[str]:
         )
     efficiency = reuse_efficiency(rows)
     reused, prompt = summary["tokens_reused"] or 0, summary["prompt_tokens"]
+    if summary["reuse_unknown_requests"]:
+        lines.append(f"  reuse unknown for {summary['reuse_unknown_requests']} requests, left out below")
     lines.append(
         f"  reuse: {reused:,} of {prompt:,} prompt tokens came from the cache ({reused / prompt:.0%}); "
         f"that is {'n/a' if efficiency is None else f'{efficiency:.1%}'} of what an ideal cache could have reused"
@@ -73,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
     requests = generate_session(args.seed, scale)
     print(f"Session: {len(requests)} requests shaped like Claude Code (scale {scale}); model: {model_description(args.model)['description']}")
-    views = PromptViews(requests, PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER))
+    views = PromptViews(requests, PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER), {view_of(PRODUCT)}, args.model)
     capture_session = time.strftime("demo-%Y%m%d-%H%M%S")
     try:
-        with started(PRODUCT, args.model, args.logs, capture_session=capture_session) as endpoints:
+        with stop_servers_on_sigterm(), started(PRODUCT, args.model, args.logs, capture_session=capture_session) as endpoints:
             print(f"Started: patched vllm-mlx on {endpoints.server_url}, mitmdump with our addons on {endpoints.client_url}", flush=True)
             warm_up(endpoints.server_url, SERVED_MODEL_NAME)
             print()

@@ -1,4 +1,4 @@
-"""The token ids vllm-mlx prefills for a `/v1/messages` request, computed without a server.
+"""The token ids an engine prefills for a request, computed without a server.
 
 The benchmark needs them to know what an *ideal* cache could have reused: the
 longest common token prefix of a request with any earlier request of the run.
@@ -8,11 +8,13 @@ conversion steps in the order its Anthropic route and SimpleEngine run them
 canonicalization and system-message hoisting, tool conversion, chat template,
 encode). Only the server and engine objects are left out; none of these steps
 depends on model weights. `tests/test_bench_smoke.py` checks the counts against
-the prompt sizes the patched server reports.
+the prompt sizes the servers report. `MlxLmPromptRenderer` does the same for
+mlx_lm.server and a chat-completions body.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -70,6 +72,22 @@ class PromptRenderer:
         prompt = self.prompt_text(body)
         bos = self.tokenizer.bos_token
         return self.tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+
+
+class MlxLmPromptRenderer:
+    """Renders chat-completions bodies to prompt token ids as mlx_lm.server does (`_tokenize`)."""
+
+    def __init__(self, model_dir: Path):
+        from mlx_lm.utils import load_tokenizer
+
+        self.tokenizer = load_tokenizer(Path(model_dir))
+
+    def token_ids(self, body: dict[str, Any]) -> list[int]:
+        from mlx_lm.server import process_message_content
+
+        messages = copy.deepcopy(body["messages"])
+        process_message_content(messages)
+        return list(self.tokenizer.apply_chat_template(messages, tools=body.get("tools") or None, tokenize=True, add_generation_prompt=True))
 
 
 def common_prefix_length(a: list[int] | np.ndarray, b: list[int] | np.ndarray) -> int:

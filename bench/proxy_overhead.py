@@ -1,10 +1,16 @@
 """The latency our addon adds, isolated from the engine.
 
 A loopback stub upstream answers every `/v1/messages` with a short Anthropic
-SSE stream (chunked, as an engine sends it). The same request body (~90 KB, a
-full-size main-lane request of the session) is sent alternately straight to the
-stub and through `mitmdump`; each proxied request is paired with the direct
-request just before it, and the difference is the added latency. Two figures:
+SSE stream (chunked, as an engine sends it). Every proxy variant runs at once,
+each its own `mitmdump` in front of the same stub. In each round the same
+request body (~90 KB, a full-size main-lane request of the session) is sent
+once straight to the stub and once through each proxy, in an order shuffled
+anew every round (seeded), so drift in the machine's load falls on all of them
+alike. Each proxied request is paired with the direct one of its round; the
+difference is the added latency, reported as p50/p95 with a confidence interval
+of the median, and "within noise" when that interval includes zero. The
+addon's own share is paired the same way against mitmdump with no script.
+Two figures:
 
 - **added time to first token** (the one a user feels): the stub behaves like
   an engine. It sends its response headers and `message_start` at once, waits
@@ -22,15 +28,16 @@ shipped, the addon without its prefix diagnosis, and the addon with capture.py.
 from __future__ import annotations
 
 import contextlib
-import json
+import random
 import shutil
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from stable_prefix.bench.metrics import proxy_overhead_ms
-from stable_prefix.bench.replay import MESSAGES_PATH, post_streamed
+from stable_prefix.addons.sse_events import format_event
+from stable_prefix.bench.metrics import paired_difference_ms
+from stable_prefix.bench.replay import MESSAGES_PATH, Reply, post_streamed
 from stable_prefix.bench.session import MAIN_LANE, generate_session
 from stable_prefix.bench.stack import ADDON_SCRIPTS, CAPTURE_SCRIPT, UNBUFFERED, proxy_options
 from stable_prefix.tools.servers import LOOPBACK, free_port, mitmdump_command, running, serving
@@ -40,18 +47,15 @@ TARGET_BODY_BYTES = 90_000
 FIRST_TOKEN_DELAY_S = 0.030
 
 
-def _event(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
-
-_MESSAGE_START = _event("message_start", {"type": "message_start", "message": {"id": "msg_stub", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 1, "output_tokens": 0}}})
-_FIRST_TOKEN = _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}) + _event(
-    "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}}
+_MESSAGE_START = format_event({"type": "message_start", "message": {"id": "msg_stub", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 1, "output_tokens": 0}}}, "message_start")
+_FIRST_TOKEN = format_event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, "content_block_start") + format_event(
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}}, "content_block_delta"
 )
 _REST = b"".join((
-    _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-    _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}}),
-    _event("message_stop", {"type": "message_stop"}),
+    format_event({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+    format_event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}}, "message_delta"),
+    format_event({"type": "message_stop"}, "message_stop"),
 ))
 
 
@@ -94,64 +98,64 @@ def sample_body(seed: int = 0) -> bytes:
     return min((r.body_bytes() for r in requests), key=lambda body: abs(len(body) - TARGET_BODY_BYTES))
 
 
-def _paired(upstream: str, proxy_url: str, body: bytes, samples: int, warmup: int, log_path: Path) -> tuple[dict, dict]:
-    """(added TTFT, added total time) in ms over `samples` direct/proxied pairs."""
-    direct, proxied = [], []
-    for attempt in range(warmup + samples):
-        pair = post_streamed(upstream, MESSAGES_PATH, body), post_streamed(proxy_url, MESSAGES_PATH, body)
-        for reply in pair:
-            if reply.status != 200 or reply.error:
-                raise RuntimeError(f"proxy overhead: stub or proxy answered {reply.status} {reply.error}; see {log_path}")
-        if attempt >= warmup:
-            direct.append(pair[0])
-            proxied.append(pair[1])
-    return (
-        proxy_overhead_ms([r.ttft_s for r in direct], [r.ttft_s for r in proxied]),
-        proxy_overhead_ms([r.total_s for r in direct], [r.total_s for r in proxied]),
-    )
-
-
-def measure(
-    log_dir: Path,
-    *,
-    samples: int = 60,
-    warmup: int = 5,
-    scripts: list[str] = ADDON_SCRIPTS,
-    extra_options: dict | None = None,
-    first_token_delay_s: float = FIRST_TOKEN_DELAY_S,
-) -> dict:
-    """Added latency of mitmdump running `scripts` (none: mitmproxy's own cost):
-    `added_ttft_ms` against an engine-like stub, `added_total_instant_upstream_ms`
-    against one that answers at once; each {p50, p95, samples}."""
-    body = sample_body()
-    capture_dir = log_dir / "overhead-captures"
-    with stub_upstream() as stub:
-        upstream = f"http://{LOOPBACK}:{stub.server_address[1]}"
-        port = free_port()
-        options = {**proxy_options(), **(extra_options or {})} if scripts else {}
-        if CAPTURE_SCRIPT in scripts:
-            options["capture_dir"] = capture_dir
-        command = mitmdump_command(scripts, upstream, port, options)
-        try:
-            with running("overhead-mitmdump", command, port=port, log_dir=log_dir, env=UNBUFFERED) as proxy:
-                stub.first_token_delay_s = 0.0
-                _, total = _paired(upstream, proxy.url, body, samples, warmup, proxy.log_path)
-                stub.first_token_delay_s = first_token_delay_s
-                ttft, _ = _paired(upstream, proxy.url, body, samples, warmup, proxy.log_path)
-        finally:
-            shutil.rmtree(capture_dir, ignore_errors=True)  # ~90 KB per request; only the cost matters
-    return {"body_bytes": len(body), "first_token_delay_ms": first_token_delay_s * 1000, "added_ttft_ms": ttft, "added_total_instant_upstream_ms": total}
-
-
 VARIANTS = {
     "mitmproxy_alone": {"scripts": []},
     "addon": {},
     "addon_without_diagnosis": {"extra_options": {"prefix_diagnosis": False}},
     "addon_with_capture": {"scripts": [*ADDON_SCRIPTS, CAPTURE_SCRIPT]},
 }
+FIGURES = {"added_total_instant_upstream_ms": ("total_s", 0.0), "added_ttft_ms": ("ttft_s", FIRST_TOKEN_DELAY_S)}
 
 
-def measure_all(log_dir: Path, samples: int) -> dict:
-    """Every variant of VARIANTS: {"body_bytes", "first_token_delay_ms", variant: measure(...)}."""
-    results = {name: measure(log_dir, samples=samples, **kwargs) for name, kwargs in VARIANTS.items()}
-    return {"body_bytes": results["addon"]["body_bytes"], "first_token_delay_ms": results["addon"]["first_token_delay_ms"], **results}
+def _proxy_command(variant: dict, upstream: str, port: int, capture_dir: Path) -> list[str]:
+    scripts = variant.get("scripts", ADDON_SCRIPTS)
+    options = {**proxy_options(), **variant.get("extra_options", {})} if scripts else {}
+    if CAPTURE_SCRIPT in scripts:
+        options["capture_dir"] = capture_dir
+    return mitmdump_command(scripts, upstream, port, options)
+
+
+def _rounds(targets: dict[str, str], body: bytes, samples: int, warmup: int, rng: random.Random, log_dir: Path) -> dict[str, list[Reply]]:
+    """{target: [reply, ...]}: one request to every target per round, in a shuffled order."""
+    replies: dict[str, list[Reply]] = {name: [] for name in targets}
+    for attempt in range(warmup + samples):
+        order = list(targets)
+        rng.shuffle(order)
+        for name in order:
+            reply = post_streamed(targets[name], MESSAGES_PATH, body)
+            if reply.status != 200 or reply.error:
+                raise RuntimeError(f"proxy overhead: {name} answered {reply.status} {reply.error}; see the logs in {log_dir}")
+            if attempt >= warmup:
+                replies[name].append(reply)
+    return replies
+
+
+def measure_all(log_dir: Path, samples: int, *, warmup: int = 5, seed: int = 0, variants: dict[str, dict] = VARIANTS) -> dict:
+    """Added latency of each of `variants` over direct, and the addon's own share over
+    mitmdump with no script: {"body_bytes", "first_token_delay_ms", "order",
+    variant: {figure: paired_difference_ms(...)}, "addon_own_share": {...}}."""
+    body = sample_body()
+    capture_dir = log_dir / "overhead-captures"
+    rng = random.Random(seed)
+    results: dict = {"body_bytes": len(body), "first_token_delay_ms": FIRST_TOKEN_DELAY_S * 1000, "order": "shuffled every round"}
+    try:
+        with stub_upstream() as stub, contextlib.ExitStack() as stack:
+            upstream = f"http://{LOOPBACK}:{stub.server_address[1]}"
+            targets = {"direct": upstream}
+            for name, variant in variants.items():
+                port = free_port()
+                proxy = stack.enter_context(running(f"overhead-{name}", _proxy_command(variant, upstream, port, capture_dir), port=port, log_dir=log_dir, env=UNBUFFERED))
+                targets[name] = proxy.url
+            for figure, (field, delay) in FIGURES.items():
+                stub.first_token_delay_s = delay
+                replies = _rounds(targets, body, samples, warmup, rng, log_dir)
+                seconds = {name: [getattr(reply, field) for reply in target_replies] for name, target_replies in replies.items()}
+                for name in variants:
+                    results.setdefault(name, {"body_bytes": len(body), "first_token_delay_ms": FIRST_TOKEN_DELAY_S * 1000})[figure] = paired_difference_ms(
+                        seconds["direct"], seconds[name]
+                    )
+                if {"mitmproxy_alone", "addon"} <= variants.keys():
+                    results.setdefault("addon_own_share", {})[figure] = paired_difference_ms(seconds["mitmproxy_alone"], seconds["addon"])
+    finally:
+        shutil.rmtree(capture_dir, ignore_errors=True)  # ~90 KB per request; only the cost matters
+    return results

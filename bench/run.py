@@ -1,7 +1,8 @@
 """`make bench`: the same session against each configuration, side by side, in one run.
 
-    python -m stable_prefix.bench.run                 # full run -> bench/results/latest.{json,md,png}
-    python -m stable_prefix.bench.run --quick         # reduced session, under ~5 minutes -> build/bench-quick/
+    python -m stable_prefix.bench.run                 # every configuration -> bench/results/latest.{json,md,png}
+    python -m stable_prefix.bench.run --quick         # reduced session -> build/bench-quick/
+    python -m stable_prefix.bench.run --full          # real Claude Code size, fewer requests -> bench/results/full.*
     python -m stable_prefix.bench.run --configs 1,4 --limit 12 --out /tmp/b
 
 Each configuration gets freshly started servers (no cache carries over), the
@@ -12,6 +13,7 @@ what is measured and the schema of `latest.json`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -22,18 +24,34 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stable_prefix.addons.lanes import AGENT_ID_HEADER
 from stable_prefix.addons.normalize import Rules, api_for, normalize
 from stable_prefix.bench import prefill_reference, proxy_overhead, report
 from stable_prefix.bench.incontext_prefill import InContextPrefill
-from stable_prefix.bench.metrics import Row, mark_cold_and_warm, summarize
-from stable_prefix.bench.prompt_tokens import PromptRenderer, ideal_reusable_tokens
-from stable_prefix.bench.replay import Measured, warm_up
-from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
-from stable_prefix.bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER, Configuration, configuration, cpu_description, started
+from stable_prefix.bench.metrics import Row, mark_cold_and_warm, paired_ttft_ratio, summarize
+from stable_prefix.bench.openai_form import openai_body
+from stable_prefix.bench.prompt_tokens import MlxLmPromptRenderer, PromptRenderer, ideal_reusable_tokens
+from stable_prefix.bench.replay import Measured, steps, warm_up
+from stable_prefix.bench.session import MAIN_LANE, SHAPES, TODAYS_SHAPE, Request, generate_session
+from stable_prefix.bench.stack import (
+    BATCHED_ANCHOR,
+    PRODUCT,
+    SERVED_MODEL_NAME,
+    TOOL_CALL_PARSER,
+    Configuration,
+    configuration,
+    cpu_description,
+    started,
+    stop_servers_on_sigterm,
+)
 from stable_prefix.tools.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
-FULL_SCALE, QUICK_SCALE = 0.2, 0.04
+DEFAULT_SCALE, QUICK_SCALE, FULL_SCALE = 0.2, 0.04, 1.0
+DEFAULT_CONFIGS, QUICK_CONFIGS = "1,2,3,4,5,6,7", "1,2,3,4,6,7"
+# Full size: the product, the batched anchor behind the addon, and vllm-mlx as shipped;
+# the session is cut to its first FULL_LIMIT requests (never its prompt sizes), plus the fan-out group.
+FULL_CONFIGS, FULL_LIMIT = "4,7,1", 24
 
 
 def as_received(body: dict, behind_addon: bool) -> dict:
@@ -45,25 +63,44 @@ def as_received(body: dict, behind_addon: bool) -> dict:
     return normalized
 
 
-class PromptViews:
-    """Token ids of every request as each kind of configuration's engine sees them, and
-    the ideal reuse over them. The headline `ideal_reusable_tokens` uses the addon's
-    view (what the session's content shares); the direct view shows what an ideal
-    cache could have done with the bytes a direct client sends."""
+def view_of(config: Configuration) -> tuple[str, bool]:
+    """Which prompts a configuration's engine receives: its protocol, and whether the addon normalized them."""
+    return config.protocol, config.addon
 
-    def __init__(self, requests: list[Request], renderer: PromptRenderer):
-        self.tokens = {addon: [renderer.token_ids(as_received(r.body, addon)) for r in requests] for addon in (False, True)}
-        self.ideal = {addon: ideal_reusable_tokens(ids) for addon, ids in self.tokens.items()}
+
+ADDON_VIEW = ("anthropic", True)
+
+
+class PromptViews:
+    """Token ids of every request as each kind of configuration's engine receives them,
+    and the ideal reuse over them: vllm-mlx's rendering of the client's bytes (direct)
+    or of the addon's normalized bytes, and mlx_lm.server's rendering of the
+    chat-completions form. Each configuration is measured against its own view;
+    the addon's view is also kept, as what the session's content shares."""
+
+    def __init__(self, requests: list[Request], renderer: PromptRenderer, views: set[tuple[str, bool]], model_dir: Path):
+        self.tokens: dict[tuple[str, bool], list[list[int]]] = {}
+        for view in views | {ADDON_VIEW}:
+            protocol, addon = view
+            if protocol == "openai":
+                openai_renderer = MlxLmPromptRenderer(model_dir)
+                self.tokens[view] = [openai_renderer.token_ids(openai_body(r.body, max_tokens=1)) for r in requests]
+            else:
+                self.tokens[view] = [renderer.token_ids(as_received(r.body, addon)) for r in requests]
+        self.ideal = {view: ideal_reusable_tokens(ids) for view, ids in self.tokens.items()}
+
+    def prompt_tokens(self, config: Configuration, request: Request) -> int:
+        return len(self.tokens[view_of(config)][request.index])
 
 
 def rows_for(
     config: Configuration, measured: list[Measured], views: PromptViews, reference: list[tuple[int, float]] | None = None
 ) -> list[Row]:
     rows = []
+    view = view_of(config)
     for result in measured:
         index = result.request.index
-        # Rendered as vllm-mlx renders; another server (the mlx-lm anchor) reports its own count.
-        rendered = len(views.tokens[config.addon][index]) if config.protocol == "anthropic" else None
+        rendered = len(views.tokens[view][index])
         prompt = result.prompt_tokens if result.prompt_tokens is not None else rendered
         reused = result.reused_tokens
         rows.append({
@@ -71,6 +108,8 @@ def rows_for(
             "index": index,
             "lane": result.request.lane,
             "conversation": result.request.conversation,
+            "fan_out": result.request.fan_out,
+            "agent_id": result.request.headers.get(AGENT_ID_HEADER),  # the subagent instance, where the client names it
             "body_bytes": len(result.request.body_bytes()),
             "status": result.reply.status,
             "error": result.reply.error,
@@ -79,9 +118,12 @@ def rows_for(
             "reused_tokens": reused,
             "prefilled_tokens": None if reused is None else prompt - reused,
             "reuse_source": result.reuse_source,
-            "ideal_reusable_tokens": views.ideal[True][index],
-            "ideal_reusable_tokens_as_received": views.ideal[config.addon][index],
+            # The yardstick: what an ideal cache could have reused of the prompts this engine received.
+            "ideal_reusable_tokens": views.ideal[view][index],
+            "ideal_reusable_tokens_behind_addon": views.ideal[ADDON_VIEW][index],
+            "started_s": result.started_s,
             "ttft_s": result.reply.ttft_s,
+            "ttft_is_total": result.reply.ttft_is_total,
             "total_s": result.reply.total_s,
             "diagnosis": result.diagnosis,
             # Yardstick 1: the same number of tokens prefilled from nothing on this server.
@@ -92,20 +134,20 @@ def rows_for(
     return mark_cold_and_warm(rows)
 
 
-def measure_incontext_prefill(config_rows: list[Row], views: PromptViews, configs: dict[str, Configuration], model_dir: Path) -> None:
+def measure_incontext_prefill(config_rows: list[Row], views: PromptViews, configs: dict[str, Configuration], model_dir: Path, repeats: int = 3) -> None:
     """Set `incontext_prefill_s` on the warm rows of `configs` whose reuse is known:
     the model's time to prefill the request's new tokens on top of its reused prefix."""
     wanted = {
-        (row["configuration"], row["index"]): (views.tokens[configs[row["configuration"]].addon][row["index"]], row["reused_tokens"])
+        (row["configuration"], row["index"]): (views.tokens[view_of(configs[row["configuration"]])][row["index"]], row["reused_tokens"])
         for row in config_rows
-        if row["configuration"] in configs and row["warm"] and row["reused_tokens"] is not None
+        if row["configuration"] in configs and row["warm"] and not row["fan_out"] and row["reused_tokens"] is not None
         and row["rendered_prompt_tokens"] == row["prompt_tokens"]  # the split is only right on the server's own token ids
         and row["reused_tokens"] < row["prompt_tokens"]
     }
     if not wanted:
         return
     print(f"in-context prefill: {len(wanted)} warm requests of {', '.join(configs)}, new tokens on top of their reused prefix ...", flush=True)
-    seconds = InContextPrefill(model_dir).measure_all(wanted)
+    seconds = InContextPrefill(model_dir, repeats=repeats).measure_all(wanted)
     for row in config_rows:
         row["incontext_prefill_s"] = seconds.get((row["configuration"], row["index"]), row["incontext_prefill_s"])
 
@@ -115,30 +157,69 @@ def progress_line(config: Configuration, result: Measured) -> str:
     reused = "?" if result.reused_tokens is None else f"{result.reused_tokens:,}"
     prompt = "?" if result.prompt_tokens is None else f"{result.prompt_tokens:,}"
     status = "" if reply.status == 200 and not reply.error else f"  ERROR {reply.error}"
+    fallback = " (no output event: total time)" if reply.ttft_is_total else ""
+    fan_out = f"  [{result.request.fan_out}]" if result.request.fan_out else ""
     return (
         f"  {config.key:<16} #{result.request.index:<3} {result.request.lane:<20} prompt {prompt:>7} reused {reused:>7}"
-        f"  TTFT {reply.ttft_s or 0:7.2f} s  total {reply.total_s:7.2f} s{status}"
+        f"  TTFT {reply.ttft_s or 0:7.2f} s  total {reply.total_s:7.2f} s{fallback}{fan_out}{status}"
     )
 
 
+def replay_options(config: Configuration, views: PromptViews, max_tokens: int) -> dict[str, Any]:
+    return {
+        "max_tokens": max_tokens,
+        # A direct client must name the served model; behind the addon, the addon maps it.
+        "model": None if config.addon else SERVED_MODEL_NAME,
+        "protocol": config.protocol,
+        "prompt_tokens_of": lambda request: views.prompt_tokens(config, request),
+    }
+
+
+def measure_reference(config: Configuration, endpoints, renderer: PromptRenderer) -> list[tuple[int, float]]:
+    reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME, protocol=config.protocol)
+    print(f"  {config.key} cold prefill reference (tokens, TTFT s): {[(tokens, round(ttft, 2)) for tokens, ttft in reference]}", flush=True)
+    return reference
+
+
 def run_configuration(
-    config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer
+    config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer, views: PromptViews
 ) -> tuple[list[Measured], list[tuple[int, float]]]:
     """The replay's measurements, and the server's cold-prefill reference measured after it."""
     print(f"{config.key}: {config.title}", flush=True)
     with started(config, model_dir, log_dir) as endpoints:
         warm_up(endpoints.server_url, SERVED_MODEL_NAME, config.protocol)
         measured = endpoints.replay(
-            requests,
-            max_tokens=max_tokens,
-            # A direct client must name the served model; behind the addon, the addon maps it.
-            model=None if config.addon else SERVED_MODEL_NAME,
-            protocol=config.protocol,
-            on_result=lambda result: print(progress_line(config, result), flush=True),
+            requests, on_result=lambda result: print(progress_line(config, result), flush=True), **replay_options(config, views, max_tokens)
         )
-        reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME, protocol=config.protocol)
-        print(f"  cold prefill reference (tokens, TTFT s): {[(tokens, round(ttft, 2)) for tokens, ttft in reference]}", flush=True)
-        return measured, reference
+        return measured, measure_reference(config, endpoints, renderer)
+
+
+def turn_order(configs: list[Configuration], turn: int) -> list[Configuration]:
+    """Who sends first rotates from turn to turn, so none always goes first (or last)."""
+    first = turn % len(configs)
+    return configs[first:] + configs[:first]
+
+
+def run_interleaved(
+    configs: list[Configuration], requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer, views: PromptViews
+) -> dict[str, tuple[list[Measured], list[tuple[int, float]]]]:
+    """Every configuration's stack running at once, taking turns request by request
+    (step by step: a fan-out group is one turn), the first of each turn rotating,
+    so a change in the machine's load falls on all of them alike. Only one stack
+    works at a time; the others idle (measured: ~0.5% of a core each)."""
+    print(f"interleaved: {', '.join(config.key for config in configs)} started together, taking turns", flush=True)
+    with contextlib.ExitStack() as stack:
+        endpoints = {config.key: stack.enter_context(started(config, model_dir, log_dir)) for config in configs}
+        for config in configs:
+            warm_up(endpoints[config.key].server_url, SERVED_MODEL_NAME, config.protocol)
+        replayers = {config.key: endpoints[config.key].replayer(**replay_options(config, views, max_tokens)) for config in configs}
+        measured: dict[str, list[Measured]] = {config.key: [] for config in configs}
+        for turn, step in enumerate(steps(requests)):
+            for config in turn_order(configs, turn):
+                for result in replayers[config.key].step(step):
+                    measured[config.key].append(result)
+                    print(progress_line(config, result), flush=True)
+        return {config.key: (measured[config.key], measure_reference(config, endpoints[config.key], renderer)) for config in configs}
 
 
 def model_description(model_dir: Path) -> dict[str, Any]:
@@ -185,46 +266,74 @@ def notable_requests(requests: list[Request]) -> list[dict[str, Any]]:
     return sorted(notable, key=lambda n: n["index"])
 
 
-def session_description(requests: list[Request], views: PromptViews, seed: int, scale: float) -> dict[str, Any]:
+def session_description(requests: list[Request], views: PromptViews, seed: int, scale: float, limit: int | None) -> dict[str, Any]:
     first_main = next(i for i, r in enumerate(requests) if r.lane == MAIN_LANE)
+    fan_out = [r for r in requests if r.fan_out]
     return {
         "seed": seed,
         "scale": scale,
         "requests": len(requests),
+        "limit": limit,
         "lanes": sorted({r.lane for r in requests}),
         # The first main request is its prefix plus a short first message.
-        "main_prefix_tokens": len(views.tokens[True][first_main]),
-        "largest_prompt_tokens": max(len(ids) for ids in views.tokens[True]),
-        "ideal_reusable_tokens": sum(views.ideal[True]),
+        "main_prefix_tokens": len(views.tokens[ADDON_VIEW][first_main]),
+        "largest_prompt_tokens": max(len(ids) for ids in views.tokens[ADDON_VIEW]),
+        "ideal_reusable_tokens_behind_addon": sum(views.ideal[ADDON_VIEW]),
+        "fan_out": {
+            "groups": len({r.fan_out for r in fan_out}),
+            "instances": len({(r.fan_out, r.headers.get(AGENT_ID_HEADER)) for r in fan_out}),
+            "requests": len(fan_out),
+        },
         "notable_requests": notable_requests(requests),
     }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m stable_prefix.bench.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help=f"reduced session (scale {QUICK_SCALE}) for CI-sized checks")
-    parser.add_argument("--scale", type=float, help=f"session scale; default {FULL_SCALE} ({QUICK_SCALE} with --quick); 1.0 = full size")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=f"reduced session (scale {QUICK_SCALE}, configurations {QUICK_CONFIGS}) for CI-sized checks")
+    size.add_argument(
+        "--full", action="store_true",
+        help=f"real Claude Code size (scale {FULL_SCALE}, configurations {FULL_CONFIGS}, first {FULL_LIMIT} requests + the fan-out group) -> full.*",
+    )
+    parser.add_argument("--scale", type=float, help=f"session scale; default {DEFAULT_SCALE} ({QUICK_SCALE} with --quick, {FULL_SCALE} with --full); 1.0 = full size")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--configs", help="comma-separated configuration numbers or keys (default 1,2,3,4,5; 1,2,3,4 with --quick)")
-    parser.add_argument("--limit", type=int, help="replay only the first N requests")
+    parser.add_argument("--configs", help=f"comma-separated configuration numbers or keys (default {DEFAULT_CONFIGS}; {QUICK_CONFIGS} with --quick)")
+    parser.add_argument("--limit", type=int, help="replay only the first N requests of the session")
+    parser.add_argument("--shape", choices=SHAPES, default=TODAYS_SHAPE,
+                        help=f"which Claude Code the session models (default {TODAYS_SHAPE}; only it has a fan-out group of concurrent subagents)")
+    parser.add_argument("--name", help="output file name stem (default latest; full with --full)")
+    parser.add_argument(
+        "--sequential", dest="interleave", action="store_false",
+        help="one configuration after the other, each alone on the machine (default: all started together, taking turns request by request)",
+    )
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--max-tokens", type=int, default=8, help="max_tokens sent with every request")
     parser.add_argument("--overhead-samples", type=int, help="request pairs for the proxy overhead (0: skip)")
     parser.add_argument(
-        "--incontext-engines", default="patched",
-        help="comma-separated engines (shipped, patched) whose warm requests get the in-context prefill yardstick (default patched; '' for none)",
+        "--incontext-engines", default="patched,batched",
+        help="comma-separated engines (shipped, batched, patched) whose warm requests get the in-context prefill yardstick (default patched,batched; '' for none)",
+    )
+    parser.add_argument(
+        "--incontext-repeats", type=int,
+        help="timings per request of the in-context prefill yardstick, median kept (default 3; 1 with --full, where one takes up to a minute)",
     )
     parser.add_argument("--out", type=Path, help="output directory (default bench/results, or build/bench-quick with --quick)")
     parser.add_argument("--logs", type=Path, default=REPO_ROOT / "build" / "bench-logs", help="server and proxy logs (default build/bench-logs)")
     args = parser.parse_args(argv)
-    args.scale = args.scale or (QUICK_SCALE if args.quick else FULL_SCALE)
+    args.scale = args.scale or (QUICK_SCALE if args.quick else FULL_SCALE if args.full else DEFAULT_SCALE)
     args.out = args.out or REPO_ROOT / ("build/bench-quick" if args.quick else "bench/results")
+    args.name = args.name or ("full" if args.full else "latest")
+    if args.full and args.limit is None:
+        args.limit = FULL_LIMIT
+    if args.incontext_repeats is None:
+        args.incontext_repeats = 1 if args.full else 3
     if args.overhead_samples is None:
         args.overhead_samples = 20 if args.quick else 60
     args.incontext_engines = {engine.strip() for engine in args.incontext_engines.split(",") if engine.strip()}
-    if args.incontext_engines - {"shipped", "patched"}:
-        parser.error(f"--incontext-engines {','.join(sorted(args.incontext_engines))}: choose from shipped, patched")
-    args.configs = args.configs or ("1,2,3,4" if args.quick else "1,2,3,4,5")
+    if args.incontext_engines - {"shipped", "batched", "patched"}:
+        parser.error(f"--incontext-engines {','.join(sorted(args.incontext_engines))}: choose from shipped, batched, patched")
+    args.configs = args.configs or (QUICK_CONFIGS if args.quick else FULL_CONFIGS if args.full else DEFAULT_CONFIGS)
     try:
         args.configurations = [configuration(key.strip()) for key in args.configs.split(",")]
     except ValueError as error:
@@ -236,15 +345,19 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     if not (args.model / "config.json").exists():
         raise SystemExit(f"model {args.model}: no config.json; run `make tiny-model` first")
     started_at = time.time()
-    requests = generate_session(args.seed, args.scale)[: args.limit]
+    requests = generate_session(args.seed, args.scale, shape=args.shape)[: args.limit]
     print(f"rendering {len(requests)} requests with {args.model}'s chat template for the ideal-reuse baseline ...", flush=True)
     renderer = PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER)
-    views = PromptViews(requests, renderer)
+    views = PromptViews(requests, renderer, {view_of(config) for config in args.configurations}, args.model)
     log_dir = args.logs
     configurations = []
     rows: list[Row] = []
+    if args.interleave:
+        replays = run_interleaved(args.configurations, requests, args.model, log_dir, args.max_tokens, renderer, views)
+    else:
+        replays = {config.key: run_configuration(config, requests, args.model, log_dir, args.max_tokens, renderer, views) for config in args.configurations}
     for config in args.configurations:
-        measured, reference = run_configuration(config, requests, args.model, log_dir, args.max_tokens, renderer)
+        measured, reference = replays[config.key]
         config_rows = rows_for(config, measured, views, reference)
         rows += config_rows
         configurations.append({
@@ -256,7 +369,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             "summary": summarize(config_rows),
         })
     incontext = {config.key: config for config in args.configurations if config.engine in args.incontext_engines}
-    measure_incontext_prefill(rows, views, incontext, args.model)
+    measure_incontext_prefill(rows, views, incontext, args.model, args.incontext_repeats)
     for config in configurations:
         config["summary"] = summarize([row for row in rows if row["configuration"] == config["key"]])
     overhead = None
@@ -270,19 +383,31 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         # The headline is the time to first token a user loses (engine-like stub upstream).
         config["summary"]["proxy_overhead_ms_p50"] = added_ttft.get("p50")
         config["summary"]["proxy_overhead_ms_p95"] = added_ttft.get("p95")
+        config["summary"]["proxy_overhead_ms_p50_ci95"] = added_ttft.get("p50_ci95")
         config["summary"]["proxy_overhead_total_instant_upstream_ms_p50"] = added_total.get("p50")
         config["summary"]["proxy_overhead_total_instant_upstream_ms_p95"] = added_total.get("p95")
+    keys = [config.key for config in args.configurations]
+    comparison = None
+    if PRODUCT.key in keys and BATCHED_ANCHOR.key in keys:
+        product_rows, anchor_rows = ([row for row in rows if row["configuration"] == key] for key in (PRODUCT.key, BATCHED_ANCHOR.key))
+        comparison = {
+            "product": PRODUCT.key,
+            "anchor": BATCHED_ANCHOR.key,
+            "paired_ttft_ratio": paired_ttft_ratio(product_rows, anchor_rows),
+            "paired_cold_ttft_ratio": paired_ttft_ratio(product_rows, anchor_rows, warm=False),
+        }
     return {
-        "schema": 1,
+        "schema": 2,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
         "duration_s": round(time.time() - started_at, 1),
         "command": command,
         "machine": f"{cpu_description()}, {platform.system()} {platform.machine()}",
         "model": model_description(args.model),
-        "session": session_description(requests, views, args.seed, args.scale),
-        "replay": {"max_tokens": args.max_tokens, "served_model_name": SERVED_MODEL_NAME},
+        "session": session_description(requests, views, args.seed, args.scale, args.limit),
+        "replay": {"max_tokens": args.max_tokens, "served_model_name": SERVED_MODEL_NAME, "order": "interleaved" if args.interleave else "sequential"},
         "configurations": configurations,
         "proxy_overhead": overhead,
+        "comparison": comparison,
         "rows": rows,
     }
 
@@ -292,11 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python -m stable_prefix.bench.run " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
-        result = run(args, command.strip())
+        with stop_servers_on_sigterm():
+            result = run(args, command.strip())
     except KeyboardInterrupt:
         print("\ninterrupted: servers stopped, nothing written", file=sys.stderr)
         return 130
-    for path in report.write(result, args.out):
+    for path in report.write(result, args.out, args.name):
         print(f"wrote {path}")
     print()
     print(report.markdown(result))

@@ -65,6 +65,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stable_prefix.addons.lanes import AGENT_ID_HEADER, SESSION_ID_HEADER
+
 CHARS_PER_TOKEN = 4.75  # measured: this text with the Qwen BPE (prose ~5.2, code ~4.5)
 TODAYS_SHAPE = "2.1.332"
 OLDER_SHAPE = "2.1.197"
@@ -111,8 +113,6 @@ DEFERRED_TOOLS: dict[str, float] = {"EnterWorktree": 0.5, "Monitor": 0.5, "Noteb
 LOADED_TOOL = "WebFetch"
 TODAYS_EXPLORE_TOOLS = ("Bash", "Glob", "Grep", "Read", "Skill", "ToolSearch")
 TODAYS_GENERAL_TOOLS = tuple(name for name in TODAYS_TOOLS if name != "Agent")
-AGENT_ID_HEADER = "x-claude-code-agent-id"
-SESSION_ID_HEADER = "x-claude-code-session-id"
 FAN_OUT_INSTANCES = 3
 
 WORDS = (

@@ -12,6 +12,9 @@ Five seams, each the narrowest that covers every request:
   the usage fields.
 - With a disk tier, `mlx_lm.utils.load_model` (every way vllm-mlx loads a text
   model) tells the disk tier which files the model came from, to identify it.
+
+Work the request path repeats needlessly is removed by one module per fix
+(`detokenizer_map`); see docs/request-path.md.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import detokenizer_map
 from .cached_generation import CachedGeneration
 from .disk_tier import DiskTier
 from .prefix_cache import PrefixCache
@@ -114,6 +118,7 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     sys.modules["mlx_lm.generate"].stream_generate = generation
 
     patched += _disable_builtin_prefix_cache()
+    patched += detokenizer_map.install()
     patched += _carry_request_context_to_worker()
     installed = Installed(vllm_mlx.__version__, cache, generation, patched)
     patched += _add_http_endpoints(installed)

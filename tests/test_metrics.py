@@ -3,9 +3,12 @@
 import pytest
 
 from stable_prefix.bench.metrics import (
+    fan_out_wall_s,
     mark_cold_and_warm,
+    median_confidence_interval,
+    paired_difference_ms,
+    paired_ttft_ratio,
     percentile,
-    proxy_overhead_ms,
     reuse_efficiency,
     summarize,
     warm_ttft_growth_ms_per_1k_tokens,
@@ -106,16 +109,79 @@ def test_prefill_reference_interpolates_and_extends_the_last_slope():
     assert prefill_seconds(reference, 3000) == pytest.approx(8.0)
 
 
-def test_proxy_overhead_pairs_each_proxied_request_with_a_direct_one():
-    overhead = proxy_overhead_ms([0.010, 0.010, 0.020, 0.010], [0.011, 0.012, 0.021, 0.015])
+def test_unknown_reuse_is_left_out_of_every_sum_and_counted(trace):
+    trace[4]["reused_tokens"] = None  # main, 2,000 tokens, ideal 1,500
+    summary = summarize(trace)
+    assert summary["reuse_unknown_requests"] == 1
+    assert summary["reuse_unknown_prompt_tokens"] == 2000
+    assert summary["tokens_reused"] == 3400 - 1400
+    assert summary["tokens_prefilled"] == (6600 - 2000) - (3400 - 1400)
+    assert summary["ideal_reusable_tokens"] == (10 + 1000 + 400 + 1500 + 600) - 1500
+    assert summary["prompt_tokens"] == 6600  # what was sent, known or not
+
+
+def test_a_run_whose_reuse_is_all_unknown_has_unknown_totals(trace):
+    for each in trace:
+        each["reused_tokens"] = None
+    summary = summarize(trace)
+    assert summary["tokens_prefilled"] is None and summary["tokens_reused"] is None and summary["reuse_efficiency"] is None
+
+
+def test_ttfts_that_fell_back_to_the_total_time_are_counted(trace):
+    trace[2]["ttft_is_total"] = True
+    assert summarize(trace)["ttft_fell_back_to_total"] == 1
+
+
+def fan_out_rows():
+    # Three instances sent at 0.0 s, their second turns after each first one ended.
+    return [
+        dict(row("sub:explore", 0, 700, 400, 400, 9.0, total=1.0), fan_out="g", started_s=0.0),
+        dict(row("sub:explore", 0, 700, 400, 400, 9.0, total=2.0), fan_out="g", started_s=0.0),
+        dict(row("sub:explore", 0, 700, 400, 400, 9.0, total=3.0), fan_out="g", started_s=0.0),
+        dict(row("sub:explore", 0, 900, 700, 700, 9.0, total=1.5), fan_out="g", started_s=1.0),
+        dict(row("sub:explore", 0, 900, 700, 700, 9.0, total=0.5), fan_out="g", started_s=3.2),
+    ]
+
+
+def test_fan_out_wall_time_runs_from_the_first_request_sent_to_the_last_answer_ended():
+    assert fan_out_wall_s(fan_out_rows()) == {"g": pytest.approx(3.7)}
+
+
+def test_fan_out_requests_count_in_tokens_but_not_in_ttft_medians(trace):
+    summary = summarize(mark_cold_and_warm(trace + fan_out_rows()))
+    assert summary["warm_ttft_median_s"] == 2.0  # as without the group, whose TTFTs are 9 s
+    assert summary["lanes"]["sub:explore"]["warm_ttft_median_s"] == 1.0
+    assert summary["tokens_reused"] == 3400 + 3 * 400 + 2 * 700
+    assert summary["fan_out_requests"] == 5
+    assert summary["fan_out_wall_s"] == pytest.approx(3.7)
+
+
+def test_paired_difference_pairs_each_measured_request_with_its_baseline():
+    overhead = paired_difference_ms([0.010, 0.010, 0.020, 0.010], [0.011, 0.012, 0.021, 0.015])
     assert overhead["p50"] == pytest.approx(1.5)  # added: 1, 2, 1, 5 ms
     assert overhead["p95"] == pytest.approx(4.55)
     assert overhead["samples"] == 4
 
 
-def test_proxy_overhead_refuses_unpaired_timings():
-    with pytest.raises(ValueError, match="3 direct vs 2 proxied"):
-        proxy_overhead_ms([1, 2, 3], [1, 2])
+def test_paired_difference_refuses_unpaired_timings():
+    with pytest.raises(ValueError, match="3 baseline vs 2 measured"):
+        paired_difference_ms([1, 2, 3], [1, 2])
+
+
+def test_a_difference_whose_interval_includes_zero_is_within_noise():
+    baseline = [0.010] * 40
+    noisy = [0.010 + d / 1000 for d in (-2, 1, -1, 2, 0) * 8]  # +-2 ms around zero
+    shifted = [0.015 + d / 1000 for d in (-2, 1, -1, 2, 0) * 8]  # 5 ms, same spread
+    assert paired_difference_ms(baseline, noisy)["within_noise"] is True
+    assert paired_difference_ms(baseline, shifted)["within_noise"] is False
+    low, high = paired_difference_ms(baseline, shifted)["p50_ci95"]
+    assert low <= 5.0 <= high
+
+
+def test_the_median_interval_is_reproducible_and_needs_two_values():
+    values = [1.0, 4.0, 2.0, 8.0, 5.0, 7.0]
+    assert median_confidence_interval(values) == median_confidence_interval(values)
+    assert median_confidence_interval([3.0]) is None
 
 
 def test_percentile_interpolates():
@@ -142,3 +208,15 @@ def test_ideal_reuse_takes_the_best_earlier_prompt_of_any_lane():
 
 def test_ideal_reuse_leaves_the_last_token_of_a_repeated_prompt_to_compute():
     assert ideal_reusable_tokens([[1, 2, 3], [1, 2, 3]]) == [0, 2]
+
+
+def test_the_paired_ttft_ratio_compares_each_warm_request_with_itself_in_the_other_configuration(trace):
+    for index, each in enumerate(trace):
+        each["index"] = index
+    other = [dict(each, ttft_s=each["ttft_s"] * 2) for each in trace]  # twice as slow on every request
+    other[3]["ttft_s"] = trace[3]["ttft_s"]  # ... but one: the same
+    comparison = paired_ttft_ratio(trace, other)
+    assert comparison["all"]["requests"] == 3  # the warm ones
+    assert comparison["all"]["median"] == 0.5
+    assert comparison["lanes"]["main"] == {"requests": 2, "median": 0.5, "ci95": [0.5, 0.5], "within_noise": False}
+    assert comparison["lanes"]["sub:explore"]["median"] == 1.0 and comparison["lanes"]["sub:explore"]["ci95"] is None

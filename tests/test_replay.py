@@ -1,9 +1,30 @@
 """Where the replay reads each request's reuse from, in order of preference."""
 
-from stable_prefix.bench.replay import LogFollower, Reply, _diagnosis_line, reuse_figures
+import json
+
+from stable_prefix.bench.replay import (
+    AGENT_ID_HEADER,
+    MESSAGES_PATH,
+    LogFollower,
+    Reply,
+    _diagnosis_line,
+    instances,
+    post_streamed,
+    reuse_figures,
+    reuse_from_log,
+    reuse_in_log,
+    reuse_matching_prompt,
+    steps,
+)
+from stable_prefix.bench.session import Request
+from tests.support.sse_upstream import sse_upstream
 
 HIT = "INFO:vllm_mlx.engine.simple:System KV cache HIT (stream_chat): reusing 6378 tokens, prefilling 523 new (hash=ab12)"
 MISS = "INFO:vllm_mlx.engine.simple:System KV cache MISS (stream_chat): will prefill 6378 system + 15 suffix tokens (hash=ab12)"
+# vllm-mlx --continuous-batching: the fetch says HIT for an exact match, the scheduler then prefills it all.
+BATCHED_FETCH = "INFO:vllm_mlx.scheduler:[cache_fetch] request=566afc97-975 HIT prompt_tokens=3428 cached=3428 remaining=0 time=0.000s"
+BATCHED_EXACT = "INFO:vllm_mlx.scheduler:[schedule] request=566afc97-975 uid=9 prompt_tokens=3428 tokens_to_prefill=3428 max_tokens=8 running=1 waiting=0"
+BATCHED_HIT = "INFO:vllm_mlx.scheduler:[schedule] request=4b1d0c2e-7aa uid=3 prompt_tokens=6901 tokens_to_prefill=508, 6393 cached max_tokens=8 running=1 waiting=0"
 
 
 def ok(usage=None):
@@ -12,25 +33,48 @@ def ok(usage=None):
 
 def test_usage_from_the_patched_engine_comes_first():
     usage = {"input_tokens": 300, "cache_read_input_tokens": 4000, "output_tokens": 8}
-    assert reuse_figures(ok(usage), None, None, [HIT]) == ((4300, 4000), "usage")
+    assert reuse_figures(ok(usage), None, None, reuse_from_log([HIT])) == ((4300, 4000), "usage")
 
 
 def test_cache_stats_deltas_when_usage_has_no_reuse():
     before, after = {"tokens_reused": 100, "tokens_prefilled": 50}, {"tokens_reused": 700, "tokens_prefilled": 80}
-    assert reuse_figures(ok({"output_tokens": 8}), before, after, []) == ((630, 600), "stats")
+    assert reuse_figures(ok({"output_tokens": 8}), before, after, None) == ((630, 600), "stats")
 
 
 def test_shipped_vllm_mlx_hit_and_miss_log_lines():
-    assert reuse_figures(ok(), None, None, ["noise", HIT]) == ((6901, 6378), "server-log")
-    assert reuse_figures(ok(), None, None, [MISS]) == ((6393, 0), "server-log")
+    assert reuse_figures(ok(), None, None, reuse_from_log(["noise", HIT])) == ((6901, 6378), "server-log")
+    assert reuse_figures(ok(), None, None, reuse_from_log([MISS])) == ((6393, 0), "server-log")
 
 
-def test_no_cache_line_from_shipped_vllm_mlx_means_nothing_reused():
-    assert reuse_figures(ok(), None, None, ["INFO: System KV cache SKIP (stream_chat): ..."]) == ((None, 0), "server-log")
+def test_batched_vllm_mlx_reuse_is_what_its_scheduler_prefilled_not_what_its_fetch_matched():
+    assert reuse_from_log([BATCHED_FETCH, BATCHED_EXACT]) == (3428, 0)
+    assert reuse_from_log([BATCHED_HIT]) == (6901, 6393)
+
+
+def test_a_request_no_source_covers_has_unknown_reuse_not_zero():
+    assert reuse_figures(ok(), None, None, reuse_from_log(["INFO: System KV cache SKIP (stream_chat): ..."])) == (None, None)
 
 
 def test_a_failed_request_has_no_reuse_figures():
-    assert reuse_figures(Reply(status=500, ttft_s=None, total_s=0.1, error="HTTP 500"), None, None, []) == (None, None)
+    assert reuse_figures(Reply(status=500, ttft_s=None, total_s=0.1, error="HTTP 500"), None, None, (10, 5)) == (None, None)
+
+
+def test_concurrent_requests_log_lines_are_matched_by_prompt_size():
+    entries = reuse_in_log([BATCHED_HIT, HIT, BATCHED_EXACT])
+    assert reuse_matching_prompt(entries, 6901) is None  # two entries of that size that disagree: unknown
+    assert reuse_matching_prompt(entries, 3428) == (3428, 0)
+    assert reuse_matching_prompt(entries, 1234) is None
+    assert reuse_matching_prompt(entries, None) is None
+
+
+def request(index, fan_out=None, agent=None):
+    return Request(index, "sub:explore", 0, {}, headers={AGENT_ID_HEADER: agent} if agent else {}, fan_out=fan_out)
+
+
+def test_a_fan_out_group_is_one_step_and_its_instances_keep_their_order():
+    session = [request(0), request(1, "g", "a"), request(2, "g", "b"), request(3, "g", "a"), request(4, "g", "b"), request(5)]
+    assert [[r.index for r in step] for step in steps(session)] == [[0], [1, 2, 3, 4], [5]]
+    assert [[r.index for r in instance] for instance in instances(steps(session)[1])] == [[1, 3], [2, 4]]
 
 
 def test_the_addons_diagnosis_line_is_taken_from_mitmdump_output():
@@ -52,3 +96,13 @@ def test_log_follower_returns_only_complete_new_lines(tmp_path):
     with log.open("a") as out:
         out.write(" written\n")
     assert follower.new_lines() == ["half written"]
+
+
+def test_ttft_is_the_first_output_event_of_a_stream_cut_into_awkward_pieces():
+    body = json.dumps({"stream": True}).encode()
+    headers = {"x-test-fixture": "anthropic_text_then_call.sse", "x-test-pause-before": "content_block_delta", "x-test-pause-seconds": "0.3"}
+    with sse_upstream() as upstream:
+        reply = post_streamed(upstream.url, MESSAGES_PATH, body, headers=headers)
+    assert reply.status == 200 and reply.error is None and not reply.ttft_is_total
+    assert 0.3 <= reply.ttft_s < reply.total_s  # message_start came before the pause, the first delta after it
+    assert reply.usage.get("output_tokens")

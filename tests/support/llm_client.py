@@ -1,13 +1,15 @@
 """A small client for the two protocols: send a request, streamed or not, and
-return the answer text, the usage object and the time to the first token."""
+return the answer text, the usage object and the time to the first token
+(`sse_events.carries_output`, as everywhere in the project)."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
 import requests
+
+from stable_prefix.addons.sse_events import EventStream
 
 
 @dataclass
@@ -33,21 +35,18 @@ def send(base_url: str, path: str, body: dict, timeout: float = 300.0) -> Answer
 
 def _send_streamed(base_url: str, path: str, body: dict, timeout: float) -> Answer:
     started = time.perf_counter()
-    ttft = None
-    text, usage, events = "", {}, []
+    stream = EventStream(clock=time.perf_counter)
+    text, events = "", []
     with requests.post(base_url + path, json=body, timeout=timeout, stream=True) as response:
         response.raise_for_status()
-        for line in response.iter_lines(decode_unicode=True):
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            event = json.loads(line[5:])
-            events.append(event)
-            delta = _text_delta(path, event)
-            if delta and ttft is None:
-                ttft = time.perf_counter() - started
-            text += delta
-            usage.update(_usage_in(event))
-    return Answer(text=text, usage=usage, ttft_s=ttft, events=events)
+        for chunk in response.iter_content(chunk_size=None):
+            for event in stream.feed(chunk):
+                payload = event.json()
+                if isinstance(payload, dict):
+                    events.append(payload)
+                    text += _text_delta(path, payload)
+    ttft = None if stream.first_output_at is None else stream.first_output_at - started
+    return Answer(text=text, usage=stream.usage, ttft_s=ttft, events=events)
 
 
 def _text_delta(path: str, event: dict) -> str:
@@ -57,11 +56,6 @@ def _text_delta(path: str, event: dict) -> str:
         return ""
     choices = event.get("choices") or []
     return "".join((choice.get("delta") or {}).get("content") or "" for choice in choices)
-
-
-def _usage_in(event: dict) -> dict:
-    usage = event.get("usage") or (event.get("message") or {}).get("usage") or {}
-    return usage if isinstance(usage, dict) else {}
 
 
 def reused_tokens(path: str, usage: dict) -> int | None:

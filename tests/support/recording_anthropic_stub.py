@@ -19,29 +19,28 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from stable_prefix.addons.sse_events import format_event
+
 REPLY_TEXT = "OK."
 CREDENTIAL_HEADERS = {"x-api-key", "authorization", "cookie"}
 
-
-def sse_event(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 def message_events(model: str, text: str, input_tokens: int) -> list[bytes]:
     usage = {"input_tokens": input_tokens, "output_tokens": 0}
     return [
-        sse_event("message_start", {"type": "message_start", "message": {
+        format_event({"type": "message_start", "message": {
             "id": "msg_stub", "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": usage}}),
-        sse_event("content_block_start", {"type": "content_block_start", "index": 0,
-                                          "content_block": {"type": "text", "text": ""}}),
-        sse_event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                          "delta": {"type": "text_delta", "text": text}}),
-        sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        sse_event("message_delta", {"type": "message_delta",
+            "stop_reason": None, "stop_sequence": None, "usage": usage}}, "message_start"),
+        format_event({"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "text", "text": ""}}, "content_block_start"),
+        format_event({"type": "content_block_delta", "index": 0,
+                                          "delta": {"type": "text_delta", "text": text}}, "content_block_delta"),
+        format_event({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        format_event({"type": "message_delta",
                                     "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                                    "usage": {"output_tokens": 1}}),
-        sse_event("message_stop", {"type": "message_stop"}),
+                                    "usage": {"output_tokens": 1}}, "message_delta"),
+        format_event({"type": "message_stop"}, "message_stop"),
     ]
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
+from stable_prefix.addons.sse_events import format_event
 from tests.support.processes import LOOPBACK, free_port, serving
 
 CACHED_TOKENS = 1234
@@ -117,9 +118,7 @@ def _handler(upstream: SlowUpstream):
             for index, (name, data) in enumerate(events):
                 if index:
                     time.sleep(upstream.event_delay)
-                payload = data if isinstance(data, str) else json.dumps(data)
-                event = (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"
-                chunk = event.encode()
+                chunk = format_event(data, name)
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
                 times.append(time.time())

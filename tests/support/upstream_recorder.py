@@ -11,8 +11,9 @@ One JSON line per finished exchange: method, path, the request body as
 received (parsed JSON, or its size when it is not JSON), the response status,
 the usage the engine reported (from the JSON body or the SSE events), the
 time to the first response byte and, for SSE, the time to the first token (the
-first `content_block_delta`: vllm-mlx sends `message_start` before it prefills,
-so the first byte says nothing about prefill). Responses stream through untouched.
+first event with output, `sse_events.carries_output`: vllm-mlx sends
+`message_start` before it prefills, so the first byte says nothing about
+prefill). Responses stream through untouched.
 """
 
 from __future__ import annotations
@@ -23,26 +24,7 @@ from pathlib import Path
 
 from mitmproxy import ctx, http
 
-FIRST_TOKEN_EVENT = b"content_block_delta"
-
-
-def usage_from_sse(stream: bytes) -> dict:
-    """Merge the `usage` objects of Anthropic SSE events (message_start, then message_delta)."""
-    usage: dict = {}
-    for line in stream.decode("utf-8", "replace").splitlines():
-        if not line.startswith("data:"):
-            continue
-        try:
-            event = json.loads(line[5:])
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
-        message = event.get("message")
-        for source in (message.get("usage") if isinstance(message, dict) else None, event.get("usage")):
-            if isinstance(source, dict):
-                usage.update(source)
-    return usage
+from stable_prefix.addons.sse_events import EventStream, merge_usage
 
 
 class UpstreamRecorder:
@@ -55,30 +37,33 @@ class UpstreamRecorder:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         flow.metadata["recorder_first_byte"] = time.monotonic()
         chunks: list[bytes] = []
+        events = EventStream(clock=time.monotonic)
         flow.metadata["recorder_chunks"] = chunks
+        flow.metadata["recorder_events"] = events
 
         def keep_a_copy(chunk: bytes) -> bytes:
             chunks.append(chunk)
-            if "recorder_first_token" not in flow.metadata and FIRST_TOKEN_EVENT in chunk:
-                flow.metadata["recorder_first_token"] = time.monotonic()
+            events.feed(chunk)
             return chunk
 
         flow.response.stream = keep_a_copy
 
     def response(self, flow: http.HTTPFlow) -> None:
         body = b"".join(flow.metadata.get("recorder_chunks", []))
+        events = flow.metadata.get("recorder_events")
         try:
             request_body = json.loads(flow.request.content or b"null")
         except ValueError:
             request_body = {"unparsed_bytes": len(flow.request.content or b"")}
-        if flow.response.headers.get("content-type", "").startswith("text/event-stream"):
-            usage = usage_from_sse(body)
+        usage: dict = {}
+        if flow.response.headers.get("content-type", "").startswith("text/event-stream") and events is not None:
+            usage = events.usage
         else:
             try:
-                parsed = json.loads(body or b"null")
+                merge_usage(usage, json.loads(body or b"null"))
             except ValueError:
-                parsed = None
-            usage = parsed.get("usage", {}) if isinstance(parsed, dict) else {}
+                pass
+        first_token = events.first_output_at if events is not None else None
         started = flow.metadata.get("recorder_started", time.monotonic())
         record = {
             "method": flow.request.method,
@@ -89,8 +74,7 @@ class UpstreamRecorder:
             "usage": usage,
             "session": flow.request.headers.get("x-claude-code-session-id"),
             "ttfb_s": round(flow.metadata.get("recorder_first_byte", started) - started, 3),
-            "ttft_s": (round(flow.metadata["recorder_first_token"] - started, 3)
-                       if "recorder_first_token" in flow.metadata else None),
+            "ttft_s": round(first_token - started, 3) if first_token is not None else None,
             "total_s": round(time.monotonic() - started, 3),
         }
         with Path(ctx.options.record_path).open("a") as record_file:

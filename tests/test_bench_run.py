@@ -1,0 +1,23 @@
+"""How `make bench` orders and sizes its work (no servers)."""
+
+from stable_prefix.bench.run import parse_args, turn_order
+from stable_prefix.bench.stack import CONFIGURATIONS
+
+
+def test_interleaved_configurations_take_turns_going_first():
+    configs = list(CONFIGURATIONS[:3])
+    orders = [[config.key for config in turn_order(configs, turn)] for turn in range(4)]
+    assert [order[0] for order in orders] == ["1-shipped", "2-shipped+addon", "3-patched", "1-shipped"]
+    assert all(sorted(order) == sorted(config.key for config in configs) for order in orders)
+
+
+def test_full_size_runs_the_product_the_batched_anchor_and_vllm_mlx_as_shipped_on_fewer_requests_of_full_size():
+    args = parse_args(["--full"])
+    assert args.scale == 1.0 and args.limit == 24 and args.name == "full" and args.incontext_repeats == 1
+    assert [config.key for config in args.configurations] == ["4-patched+addon", "7-batched+addon", "1-shipped"]
+
+
+def test_the_default_and_quick_sets_include_the_batched_anchor():
+    assert "7-batched+addon" in [config.key for config in parse_args([]).configurations]
+    assert "7-batched+addon" in [config.key for config in parse_args(["--quick"]).configurations]
+    assert parse_args([]).interleave and not parse_args(["--sequential"]).interleave

@@ -1,0 +1,67 @@
+"""mlx-lm's streaming detokenizer, built once per tokenizer instead of once per generation."""
+
+import pytest
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
+
+from stable_prefix.engine_patch import detokenizer_map
+from tests.support.models import require_model
+
+TEXTS = ["Hello wörld, naïve café — 你好\n  two spaces, then a tab\tend.", "def f(x):\n    return x  # ok?", " leading space"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(require_model())
+
+
+@pytest.fixture
+def patched(monkeypatch):
+    """Installs the patch for one test; mlx-lm's own getter is put back afterwards."""
+    monkeypatch.setattr(TokenizerWrapper, "detokenizer", TokenizerWrapper.__dict__["detokenizer"])
+    assert detokenizer_map.install() == ["mlx-lm detokenizer (token map built once per tokenizer)"]
+
+
+def detokenize(tokenizer, token_ids):
+    detokenizer = tokenizer.detokenizer
+    for token in token_ids:
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    return detokenizer.text
+
+
+def test_text_is_what_mlx_lms_own_detokenizer_produces(tokenizer, monkeypatch):
+    expected = [detokenize(tokenizer, tokenizer.encode(text)) for text in TEXTS]
+    monkeypatch.setattr(TokenizerWrapper, "detokenizer", TokenizerWrapper.__dict__["detokenizer"])
+    detokenizer_map.install()
+    assert [detokenize(tokenizer, tokenizer.encode(text)) for text in TEXTS] == expected
+    assert expected[0] == TEXTS[0]
+
+
+def test_the_vocabulary_is_read_once_per_tokenizer_not_once_per_generation(patched, monkeypatch):
+    tokenizer = load_tokenizer(require_model())  # one no detokenizer was built for yet
+    reads = []
+    get_vocab = tokenizer._tokenizer.get_vocab
+    monkeypatch.setattr(tokenizer._tokenizer, "get_vocab", lambda *args, **kwargs: reads.append(1) or get_vocab(*args, **kwargs))
+    for text in TEXTS * 3:
+        detokenize(tokenizer, tokenizer.encode(text))
+    assert 0 < len(reads) <= 2  # mlx-lm's BPE detokenizer reads `vocab` twice while it is built
+
+
+def test_each_generation_gets_its_own_state(tokenizer, patched):
+    first, second = tokenizer.detokenizer, tokenizer.detokenizer
+    assert first is not second
+    for token in tokenizer.encode("one two"):
+        first.add_token(token)
+    assert second.tokens == [] and second.text == ""
+    assert first.tokenmap is second.tokenmap  # the shared, read-only part
+
+
+def test_a_tokenizer_whose_vocabulary_grew_gets_a_new_token_map(tokenizer, patched, monkeypatch):
+    before = tokenizer.detokenizer.tokenmap
+    monkeypatch.setattr(detokenizer_map, "_vocabulary_size", lambda wrapper: -1)
+    assert tokenizer.detokenizer.tokenmap is not before
+
+
+def test_installing_twice_patches_once(patched):
+    assert detokenizer_map.install() == []
