@@ -6,6 +6,13 @@ in `mlx_lm.stream_generate(model, tokenizer, prompt, ...)`. Wrapping that one
 function gives every request the cache while leaving decoding untouched: the
 wrapped call gets the same sampler, processors and limits, and only its prompt
 is shortened to the tokens the restored cache does not already hold.
+
+For a model with positional layers (recurrent state, sliding windows) the
+wrapper first prefills up to the prompt's checkpoint positions itself (see
+`prompt_boundaries.py`), in generate_step's own chunks, snapshotting those
+layers at each; generate_step then continues from the last one. The next
+request that restores such a checkpoint continues from the very state this
+request continued from.
 """
 
 from __future__ import annotations
@@ -15,17 +22,24 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
+from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
-from .cache_layers import UnsupportedCache, check_snapshot_support
-from .prefix_cache import PrefixCache
+from .cache_layers import UnsupportedCache, check_snapshot_support, eval_state, positional_indices, snapshot
+from .prefix_cache import Checkpoint, Fetched, PrefixCache, common_prefix_length
+from .prompt_boundaries import checkpoint_positions, message_start_ids
+from .prompt_head import head_text
 from .request_reuse import current_request_reuse
 
 logger = logging.getLogger("engine_patch")
 
 # Keyword arguments that make generate_step build a different kind of cache
-# (rotating or quantized) than the plain one a snapshot can restore.
+# (rotating or quantized) than the model's own: a snapshot of one must never
+# serve the other. vllm-mlx 0.6.0 passes neither.
 CACHE_CHANGING_OPTIONS = ("max_kv_size", "kv_bits")
+# generate_step's default prefill chunk.
+DEFAULT_PREFILL_STEP = 2048
 
 
 def prompt_token_ids(tokenizer: Any, prompt: str | list[int] | mx.array) -> list[int]:
@@ -47,6 +61,10 @@ class CachedGeneration:
         self.cache = cache
         # Per model object: why its cache cannot be snapshotted, or None.
         self._unsupported: dict[int, str | None] = {}
+        # Per model object: whether it has positional layers to checkpoint.
+        self._positional: dict[int, bool] = {}
+        # Requests that went uncached on purpose, by reason.
+        self.bypassed: dict[str, int] = {}
 
     def __call__(self, model, tokenizer, prompt, max_tokens: int = 256, draft_model=None, **kwargs):
         if not self._applies(model, draft_model, kwargs):
@@ -67,12 +85,21 @@ class CachedGeneration:
             fetched.reused,
             len(tokens) - fetched.reused,
         )
+        position, checkpoints = fetched.reused, []
+        if self._positional[id(model)]:
+            try:
+                position, checkpoints = self._prefill_to_checkpoints(model, tokenizer, tokens, fetched, kwargs)
+            except Exception as error:  # the live cache is in an unknown state: answer uncached
+                logger.warning("prefix cache checkpoint prefill failed (%r); this request runs uncached", error)
+                self.cache.record_fallback(f"checkpoint: {error!r}")
+                yield from self.original(model, tokenizer, prompt, max_tokens, **kwargs)
+                return
         seen_tokens = list(tokens)
         try:
             for response in self.original(
                 model,
                 tokenizer,
-                mx.array(tokens[fetched.reused :]),
+                mx.array(tokens[position:]),
                 max_tokens,
                 prompt_cache=fetched.prompt_cache,
                 **kwargs,
@@ -80,17 +107,65 @@ class CachedGeneration:
                 seen_tokens.append(int(response.token))
                 yield response
         finally:
-            self._store(seen_tokens, fetched.prompt_cache, prompt_length=len(tokens))
+            self._store(seen_tokens, fetched.prompt_cache, len(tokens), fetched.inherited + checkpoints)
+
+    def _prefill_to_checkpoints(self, model, tokenizer, tokens: list[int], fetched: Fetched, kwargs) -> tuple[int, list[Checkpoint]]:
+        """Prefill `fetched.prompt_cache` up to each checkpoint position, snapshotting its positional layers there."""
+        positions = checkpoint_positions(
+            tokens,
+            message_start_ids(tokenizer),
+            after=fetched.reused,
+            head_length=self._head_length(tokenizer, tokens),
+            diverges_at=fetched.common_prefix,
+        )
+        prompt_cache = fetched.prompt_cache
+        positional = positional_indices(prompt_cache)
+        step = kwargs.get("prefill_step_size") or DEFAULT_PREFILL_STEP
+        position, checkpoints = fetched.reused, []
+        for checkpoint_at in positions:
+            # generate_step's prefill: chunks of `step`, state evaluated after each.
+            with mx.stream(generation_stream):
+                for start in range(position, checkpoint_at, step):
+                    model(mx.array(tokens[start : min(start + step, checkpoint_at)])[None], cache=prompt_cache)
+                    eval_state(prompt_cache)
+            position = checkpoint_at
+            layers, nbytes = snapshot(prompt_cache, positional)
+            checkpoints.append(Checkpoint(position, layers, nbytes))
+        if checkpoints:
+            logger.info("prefix cache checkpoints at %s", ", ".join(str(c.position) for c in checkpoints))
+        return position, checkpoints
+
+    @staticmethod
+    def _head_length(tokenizer, tokens: list[int]) -> int | None:
+        try:
+            text = head_text()
+        except Exception:  # the probe renders the template; any failure just means no head checkpoint
+            return None
+        if not text:
+            return None
+        head = prompt_token_ids(tokenizer, text)
+        # The last token or two of a text prefix may merge differently; keep what agrees.
+        return common_prefix_length(np.asarray(head), np.asarray(tokens)) or None
 
     def _applies(self, model, draft_model, kwargs: dict[str, Any]) -> bool:
-        if draft_model is not None or kwargs.get("prompt_cache") is not None:
-            return False  # speculative decoding, or a caller with its own cache
-        if any(kwargs.get(option) is not None for option in CACHE_CHANGING_OPTIONS):
+        if kwargs.get("prompt_cache") is not None:
+            return False  # a caller with its own cache (vllm-mlx's system-prefix cache, for a model we do not serve)
+        reason = "draft model" if draft_model is not None else next(
+            (option for option in CACHE_CHANGING_OPTIONS if kwargs.get(option) is not None), None
+        )
+        if reason:
+            self.bypassed[reason] = self.bypassed.get(reason, 0) + 1
             return False
+        return self.supports(model)
+
+    def supports(self, model) -> bool:
+        """Whether this model's cache can be snapshotted (decided once per model, logged if not)."""
         if id(model) not in self._unsupported:
             self._unsupported[id(model)] = None
             try:
-                check_snapshot_support(make_prompt_cache(model))
+                prompt_cache = make_prompt_cache(model)
+                check_snapshot_support(prompt_cache)
+                self._positional[id(model)] = bool(positional_indices(prompt_cache))
             except UnsupportedCache as reason:
                 self._unsupported[id(model)] = str(reason)
                 logger.warning("prefix cache disabled for %s: %s", type(model).__name__, reason)
@@ -107,9 +182,9 @@ class CachedGeneration:
             self.cache.record_fallback(f"restore: {error!r}")
             return None
 
-    def _store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int) -> None:
+    def _store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int, checkpoints: list[Checkpoint]) -> None:
         try:
-            self.cache.store(tokens, prompt_cache, prompt_length)
+            self.cache.store(tokens, prompt_cache, prompt_length, checkpoints)
         except Exception as error:  # the answer is already out; only reuse is lost
             logger.warning("prefix cache snapshot failed (%r); nothing stored for this request", error)
             self.cache.record_fallback(f"snapshot: {error!r}")

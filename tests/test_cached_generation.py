@@ -110,7 +110,7 @@ def test_a_failing_restore_gives_the_uncached_answer_a_warning_and_a_counted_fal
 def test_a_failing_snapshot_keeps_the_answer_and_counts_a_fallback(loaded, generation, monkeypatch, caplog):
     model, tokenizer = loaded
 
-    def broken_snapshot(prompt_cache):
+    def broken_snapshot(prompt_cache, indices=None):
         raise RuntimeError("injected snapshot failure")
 
     monkeypatch.setattr("stable_prefix.engine_patch.prefix_cache.snapshot", broken_snapshot)
