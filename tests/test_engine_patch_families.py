@@ -44,12 +44,12 @@ def engine_server(tmp_path_factory, family: str, name: str, *flags: str):
                    ready=lambda: http_ok(f"http://127.0.0.1:{port}/v1/models"))
 
 
-def shipped_reuse(server, send_request) -> int:
-    """Tokens vllm-mlx as shipped reused for one request, from its own log line (0 when it logs no hit)."""
+def send_to_shipped(server, path: str, body: dict):
+    """The answer of vllm-mlx as shipped, and the tokens it reused, from its own log line (0 when it logs no hit)."""
     before = len(server.log_text())
-    send_request()
+    answer = send(server.url, path, body)
     hits = SHIPPED_HIT.findall(server.log_text()[before:])
-    return int(hits[-1]) if hits else 0
+    return answer, int(hits[-1]) if hits else 0
 
 
 def new_conversation(body: dict, path: str) -> dict:
@@ -71,9 +71,8 @@ def test_every_family_answers_as_shipped_stays_warm_and_never_reuses_less(family
             for lane, body in [*sequence, ("new conversation", new_conversation(main_body, path))]:
                 label = f"{family} {path} {lane} {'streamed' if body['stream'] else 'non-streamed'}"
                 ours = send(patched.url, path, body)
-                answers = []
-                theirs = shipped_reuse(shipped, lambda body=body: answers.append(send(shipped.url, path, body)))
-                assert ours.text == answers[0].text, label
+                as_shipped, theirs = send_to_shipped(shipped, path, body)
+                assert ours.text == as_shipped.text, label
                 reused = reused_tokens(path, ours.usage)
                 assert reused >= theirs, f"{label}: reused {reused}, as shipped {theirs}"
                 if lane in previous_prompt:
