@@ -95,6 +95,7 @@ class CachedGeneration:
                 yield from self.original(model, tokenizer, prompt, max_tokens, **kwargs)
                 return
         seen_tokens = list(tokens)
+        failed = False
         try:
             for response in self.original(
                 model,
@@ -106,8 +107,13 @@ class CachedGeneration:
             ):
                 seen_tokens.append(int(response.token))
                 yield response
+        except Exception:
+            failed = True  # a step may have stopped between layers: the cache is not a state of any prefix
+            raise
         finally:
-            self._store(seen_tokens, fetched.prompt_cache, len(tokens), fetched.inherited + checkpoints)
+            # Also when the caller stops early: each token reported was fed before it was yielded.
+            if not failed:
+                self._store(seen_tokens, fetched.prompt_cache, len(tokens), fetched.inherited + checkpoints)
 
     def _prefill_to_checkpoints(self, model, tokenizer, tokens: list[int], fetched: Fetched, kwargs) -> tuple[int, list[Checkpoint]]:
         """Prefill `fetched.prompt_cache` up to each checkpoint position, snapshotting its positional layers there."""
