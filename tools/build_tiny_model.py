@@ -10,6 +10,11 @@ loads it and vllm-mlx serves it, its KV cache has the real shape, and its
 replies end with <|im_end|> after about 40 tokens (see make_replies_end).
 
     python -m stable_prefix.tools.build_tiny_model --out build/tiny-model [--preset default]
+    python -m stable_prefix.tools.build_tiny_model --family qwen3_5 --out build/tiny-qwen3_5
+
+`--family` builds another architecture instead (hybrid and sliding-window
+caches: qwen3_5, gpt_oss, gemma3_text, nemotron_h; see tiny_families.py),
+with the same vocabulary plus that family's special tokens and chat template.
 
 Prefill cost on a CPU grows with the square of the prompt length (attention),
 so the presets trade realism for speed; see PRESETS.
