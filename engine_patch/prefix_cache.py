@@ -229,6 +229,8 @@ class PrefixCache:
             # that much, this one is dominated.
             prompt_part = max((c.position for c in checkpoints if c.position <= prompt_part), default=prompt_part)
         new_entry = CachedPrefix(new_tokens[:length], layers, nbytes, prompt_part, checkpoints)
+        if _bytes_of([new_entry]) > self.budget_bytes:
+            return  # a shared buffer's padding tipped it over
         with self._lock:
             for key in dominated:
                 self.entries.pop(key, None)
