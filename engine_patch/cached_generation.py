@@ -28,7 +28,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from .cache_layers import UnsupportedCache, check_snapshot_support, eval_state, positional_indices, snapshot
 from .prefix_cache import Checkpoint, Fetched, PrefixCache, common_prefix_length
-from .prompt_boundaries import checkpoint_positions, message_start_ids
+from .prompt_boundaries import checkpoint_positions, generation_prompt_start, message_start_ids
 from .prompt_head import head_text
 from .request_reuse import current_request_reuse
 
@@ -85,8 +85,11 @@ class CachedGeneration:
             fetched.reused,
             len(tokens) - fetched.reused,
         )
-        position, checkpoints = fetched.reused, []
+        position, checkpoints, prompt_length = fetched.reused, [], len(tokens)
         if self._positional[id(model)]:
+            # The next turn repeats the prompt up to its generation prompt (not
+            # its thinking tail): an entry is superseded once another repeats that.
+            prompt_length = generation_prompt_start(tokens, message_start_ids(tokenizer))
             try:
                 position, checkpoints = self._prefill_to_checkpoints(model, tokenizer, tokens, fetched, kwargs)
             except Exception as error:  # the live cache is in an unknown state: answer uncached
@@ -113,7 +116,7 @@ class CachedGeneration:
         finally:
             # Also when the caller stops early: each token reported was fed before it was yielded.
             if not failed:
-                self._store(seen_tokens, fetched.prompt_cache, len(tokens), fetched.inherited + checkpoints)
+                self._store(seen_tokens, fetched.prompt_cache, prompt_length, fetched.inherited + checkpoints)
 
     def _prefill_to_checkpoints(self, model, tokenizer, tokens: list[int], fetched: Fetched, kwargs) -> tuple[int, list[Checkpoint]]:
         """Prefill `fetched.prompt_cache` up to each checkpoint position, snapshotting its positional layers there."""

@@ -222,12 +222,6 @@ class PrefixCache:
             end = checkpoints[-1]
             layers = [end.layers[index] if index in positional else layer for index, layer in enumerate(layers)]
         prompt_part = length if prompt_length is None else min(prompt_length, length)
-        if positional:
-            # What a later turn can resume from is the last checkpoint inside
-            # the prompt (the generation prompt and its thinking tail are
-            # rendered differently next turn): once a newer entry repeats
-            # that much, this one is dominated.
-            prompt_part = max((c.position for c in checkpoints if c.position <= prompt_part), default=prompt_part)
         new_entry = CachedPrefix(new_tokens[:length], layers, nbytes, prompt_part, checkpoints)
         if _bytes_of([new_entry]) > self.budget_bytes:
             return  # a shared buffer's padding tipped it over

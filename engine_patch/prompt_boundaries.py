@@ -53,11 +53,21 @@ def message_start_ids(tokenizer: Any) -> np.ndarray:
     return _start_ids[key]
 
 
+def message_starts(tokens: list[int], start_ids: np.ndarray) -> list[int]:
+    return [int(position) for position in np.flatnonzero(np.isin(np.asarray(tokens, dtype=np.int64), start_ids))]
+
+
+def generation_prompt_start(tokens: list[int], start_ids: np.ndarray) -> int:
+    """Where the last message (the generation prompt) starts; the prompt's length if no start is found."""
+    starts = message_starts(tokens, start_ids)
+    return starts[-1] if starts and starts[-1] > 0 else len(tokens)
+
+
 def checkpoint_positions(
     tokens: list[int], start_ids: np.ndarray, *, after: int, head_length: int | None = None, diverges_at: int = 0
 ) -> list[int]:
     """Positions strictly between `after` (already restored) and the prompt's last token."""
-    starts = [int(position) for position in np.flatnonzero(np.isin(np.asarray(tokens, dtype=np.int64), start_ids))]
+    starts = message_starts(tokens, start_ids)
     wanted = set(starts[1:3])
     if starts:
         wanted.add(starts[-1])
