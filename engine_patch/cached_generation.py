@@ -40,6 +40,7 @@ logger = logging.getLogger("engine_patch")
 CACHE_CHANGING_OPTIONS = ("max_kv_size", "kv_bits")
 # generate_step's default prefill chunk.
 DEFAULT_PREFILL_STEP = 2048
+MAX_HEADS_REMEMBERED = 8
 
 
 def prompt_token_ids(tokenizer: Any, prompt: str | list[int] | mx.array) -> list[int]:
@@ -65,6 +66,8 @@ class CachedGeneration:
         self._positional: dict[int, bool] = {}
         # Requests that went uncached on purpose, by reason.
         self.bypassed: dict[str, int] = {}
+        # Recently seen chat heads (text -> token ids), least recent first.
+        self._head_tokens: dict[str, np.ndarray] = {}
 
     def __call__(self, model, tokenizer, prompt, max_tokens: int = 256, draft_model=None, **kwargs):
         if not self._applies(model, draft_model, kwargs):
@@ -144,17 +147,22 @@ class CachedGeneration:
             logger.info("prefix cache checkpoints at %s", ", ".join(str(c.position) for c in checkpoints))
         return position, checkpoints
 
-    @staticmethod
-    def _head_length(tokenizer, tokens: list[int]) -> int | None:
+    def _head_length(self, tokenizer, tokens: list[int]) -> int | None:
         try:
             text = head_text()
         except Exception:  # the probe renders the template; any failure just means no head checkpoint
             return None
         if not text:
             return None
-        head = prompt_token_ids(tokenizer, text)
+        # Lanes share a handful of heads of ~20K tokens: encode each once.
+        head = self._head_tokens.pop(text, None)
+        if head is None:
+            head = np.asarray(prompt_token_ids(tokenizer, text), dtype=np.int64)
+        self._head_tokens[text] = head
+        while len(self._head_tokens) > MAX_HEADS_REMEMBERED:
+            self._head_tokens.pop(next(iter(self._head_tokens)))
         # The last token or two of a text prefix may merge differently; keep what agrees.
-        return common_prefix_length(np.asarray(head), np.asarray(tokens)) or None
+        return common_prefix_length(head, np.asarray(tokens, dtype=np.int64)) or None
 
     def _applies(self, model, draft_model, kwargs: dict[str, Any]) -> bool:
         if kwargs.get("prompt_cache") is not None:
