@@ -98,6 +98,8 @@ class CachedGeneration:
             except Exception as error:  # the live cache is in an unknown state: answer uncached
                 logger.warning("prefix cache checkpoint prefill failed (%r); this request runs uncached", error)
                 self.cache.record_fallback(f"checkpoint: {error!r}")
+                if reuse is not None:
+                    reuse.record(prompt_tokens=len(tokens), reused=0)
                 yield from self.original(model, tokenizer, prompt, max_tokens, **kwargs)
                 return
         seen_tokens = list(tokens)

@@ -173,3 +173,23 @@ def test_a_model_whose_cache_cannot_be_snapshotted_runs_uncached_with_the_reason
     assert generation.cache.stats()["entries"] == 0
     assert "prefix cache disabled for ModelWithCache: cache layers are QuantizedKVCache" in caplog.text
     assert generation.unsupported_reasons()
+
+
+def test_a_failing_checkpoint_prefill_gives_the_uncached_answer_and_reports_no_reuse(loaded, generation, monkeypatch):
+    model, tokenizer = loaded
+    sliding = ModelWithCache(model, lambda: RotatingKVCache(max_size=64, keep=4))
+    prompt = chat(tokenizer, *conversation_turns("main")[1])
+    greedy(generation, sliding, tokenizer, chat(tokenizer, *conversation_turns("main")[0]))
+
+    def broken_eval(prompt_cache):
+        raise RuntimeError("injected prefill failure")
+
+    monkeypatch.setattr("stable_prefix.engine_patch.cached_generation.eval_state", broken_eval)
+    reuse, token = begin_request()
+    try:
+        tokens = greedy(generation, sliding, tokenizer, prompt)
+    finally:
+        end_request(token)
+    assert tokens == greedy(ORIGINAL_STREAM_GENERATE, sliding, tokenizer, prompt)
+    assert reuse.reused == 0
+    assert generation.cache.stats()["fallbacks"] == 1
