@@ -39,7 +39,7 @@ from mlx_lm.models import qwen2
 from mlx_lm.utils import save_model
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from .tiny_families import FAMILIES, Family, Shape
+from stable_prefix.tools.tiny_families import FAMILIES, Family, Shape
 
 # Qwen2.5's pre-tokenizer: the same regex tiktoken uses with these ranks.
 QWEN_PRETOKENIZE_REGEX = (
