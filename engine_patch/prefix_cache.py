@@ -64,6 +64,12 @@ class Checkpoint:
 
 @dataclass
 class CachedPrefix:
+    """One lane's state. `layers` and each checkpoint's `layers` are lists of
+    frozen cache objects from cache_layers.snapshot (None where a checkpoint
+    holds no rewindable layer); the positional layers of `layers` may be the
+    very objects of the last checkpoint, and a checkpoint may belong to
+    several entries: serialize by object identity."""
+
     tokens: np.ndarray
     layers: list[Any]  # every layer's state after all of `tokens`
     nbytes: int
