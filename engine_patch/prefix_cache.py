@@ -41,9 +41,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from .cache_layers import cached_token_count, positional_indices, restore, snapshot, state_nbytes, trim
 
-# Checkpoints one entry keeps at most: the earliest ones (the shared system +
-# tools head of new conversations and subagent calls) and the latest ones
-# (where the next turn of this lane resumes).
+# Checkpoints one entry keeps at most (the heads new conversations and
+# subagent calls share, where the next turn resumes, branch points).
 MAX_CHECKPOINTS = 6
 
 
@@ -307,11 +306,18 @@ def _unique(checkpoints) -> list[Checkpoint]:
 
 
 def _kept(checkpoints: list[Checkpoint], held: int) -> list[Checkpoint]:
-    inside = [c for c in checkpoints if c.position <= held]
-    if len(inside) <= MAX_CHECKPOINTS:
-        return inside
-    early = MAX_CHECKPOINTS // 2
-    return inside[:early] + inside[len(inside) - (MAX_CHECKPOINTS - early) :]
+    """At most MAX_CHECKPOINTS of `checkpoints`, dropping those that save the fewest tokens.
+
+    A request restores the longest checkpoint inside its common prefix, so
+    without a checkpoint it falls back to the one before: a checkpoint is
+    worth the tokens between it and its predecessor. The last two (where
+    this lane's next turn resumes) are always kept.
+    """
+    kept = [c for c in checkpoints if c.position <= held]
+    while len(kept) > MAX_CHECKPOINTS:
+        gaps = [(kept[i].position - (kept[i - 1].position if i else 0), i) for i in range(len(kept) - 2)]
+        kept.pop(min(gaps)[1])
+    return kept
 
 
 def _bytes_of(entries) -> int:

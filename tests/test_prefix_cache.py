@@ -332,3 +332,12 @@ def test_a_hybrid_entry_is_never_larger_than_the_budget(hybrid):
     stats = cache.stats()
     assert stats["bytes"] <= whole - 1
     assert stats["entry_tokens"] == [20] and stats["trimmed_to_fit"] == 1
+
+
+def test_an_entry_keeps_the_checkpoints_that_save_the_most_tokens(hybrid):
+    cache = PrefixCache(budget_bytes=10**9)
+    stored = tokens(1, 60)
+    # Two tiny shared prefixes, the lane's head at 40 and a near-duplicate at 41, then the latest turns.
+    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [2, 3, 5, 40, 41, 50, 55])
+    cache.store(stored, live, 60, checkpoints)
+    assert cache.stats()["entry_checkpoints"] == [[2, 5, 40, 41, 50, 55]]
