@@ -125,11 +125,12 @@ class CachedGeneration:
 
     def _prefill_to_checkpoints(self, model, tokenizer, tokens: list[int], fetched: Fetched, kwargs) -> tuple[int, list[Checkpoint]]:
         """Prefill `fetched.prompt_cache` up to each checkpoint position, snapshotting its positional layers there."""
+        head_length = self._head_length(tokenizer, tokens)
         positions = checkpoint_positions(
             tokens,
             message_start_ids(tokenizer),
             after=fetched.reused,
-            head_length=self._head_length(tokenizer, tokens),
+            head_length=head_length,
             diverges_at=fetched.common_prefix,
         )
         prompt_cache = fetched.prompt_cache
@@ -144,7 +145,7 @@ class CachedGeneration:
                     eval_state(prompt_cache)
             position = checkpoint_at
             layers, nbytes = snapshot(prompt_cache, positional)
-            checkpoints.append(Checkpoint(position, layers, nbytes))
+            checkpoints.append(Checkpoint(position, layers, nbytes, pinned=position == head_length))
         if checkpoints:
             logger.info("prefix cache checkpoints at %s", ", ".join(str(c.position) for c in checkpoints))
         return position, checkpoints

@@ -59,6 +59,8 @@ class Checkpoint:
     position: int
     layers: list[Any]
     nbytes: int
+    # The chat's system + tools head: what vllm-mlx as shipped would reuse, so never dropped.
+    pinned: bool = False
 
 
 @dataclass
@@ -306,16 +308,19 @@ def _unique(checkpoints) -> list[Checkpoint]:
 
 
 def _kept(checkpoints: list[Checkpoint], held: int) -> list[Checkpoint]:
-    """At most MAX_CHECKPOINTS of `checkpoints`, dropping those that save the fewest tokens.
+    """At most MAX_CHECKPOINTS of `checkpoints`, dropping the earlier of the closest pairs.
 
-    A request restores the longest checkpoint inside its common prefix, so
-    without a checkpoint it falls back to the one before: a checkpoint is
-    worth the tokens between it and its predecessor. The last two (where
-    this lane's next turn resumes) are always kept.
+    A request restores the longest checkpoint inside its common prefix; one
+    just before another (a message start and the role header after it, two
+    lanes' nearby branch points) serves almost only requests the later one
+    serves too. The last two (where this lane's next turn resumes) are always
+    kept, and so are far-apart ones like a lane's system + tools head.
     """
     kept = [c for c in checkpoints if c.position <= held]
     while len(kept) > MAX_CHECKPOINTS:
-        gaps = [(kept[i].position - (kept[i - 1].position if i else 0), i) for i in range(len(kept) - 2)]
+        gaps = [(kept[i + 1].position - kept[i].position, i) for i in range(len(kept) - 2) if not kept[i].pinned]
+        if not gaps:
+            break
         kept.pop(min(gaps)[1])
     return kept
 

@@ -334,10 +334,19 @@ def test_a_hybrid_entry_is_never_larger_than_the_budget(hybrid):
     assert stats["entry_tokens"] == [20] and stats["trimmed_to_fit"] == 1
 
 
-def test_an_entry_keeps_the_checkpoints_that_save_the_most_tokens(hybrid):
+def test_an_entry_with_too_many_checkpoints_drops_the_earlier_of_the_closest_pair(hybrid):
     cache = PrefixCache(budget_bytes=10**9)
     stored = tokens(1, 60)
-    # Two tiny shared prefixes, the lane's head at 40 and a near-duplicate at 41, then the latest turns.
-    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [2, 3, 5, 40, 41, 50, 55])
+    # A message start at 40 and the chat head right after its role header, at 43.
+    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [3, 10, 20, 40, 43, 50, 55])
     cache.store(stored, live, 60, checkpoints)
-    assert cache.stats()["entry_checkpoints"] == [[2, 5, 40, 41, 50, 55]]
+    assert cache.stats()["entry_checkpoints"] == [[3, 10, 20, 43, 50, 55]]
+
+
+def test_the_pinned_chat_head_checkpoint_is_never_dropped(hybrid):
+    cache = PrefixCache(budget_bytes=10**9)
+    stored = tokens(1, 60)
+    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [3, 10, 20, 40, 41, 50, 55])
+    checkpoints[3].pinned = True  # the head at 40, one token before a branch point
+    cache.store(stored, live, 60, checkpoints)
+    assert 40 in cache.stats()["entry_checkpoints"][0]
