@@ -12,7 +12,11 @@ TINY_MODEL := build/tiny-model
 MODEL ?= $(TINY_MODEL)
 PYTEST_ARGS ?=
 
-.PHONY: setup tiny-model tiny-model-test lint test demo bench serve e2e-claude e2e-ccr clean
+FAMILIES := qwen3_5 gpt_oss gemma3_text nemotron_h
+FAMILY_MODELS := $(foreach family,$(FAMILIES),build/tiny-$(family)/config.json)
+MLX_LM_032 := build/mlx-lm-0.32
+
+.PHONY: setup tiny-model tiny-model-test tiny-families lint test demo bench bench-hybrid serve e2e-claude e2e-ccr clean
 
 setup: $(VENV)/.setup-done
 
@@ -34,7 +38,7 @@ $(VENV)/.setup-done: requirements.txt pyproject.toml
 # prompt. Rebuilt only when missing or when the script changed (same seed:
 # byte-identical files).
 # Any size: $(PY) -m stable_prefix.tools.build_tiny_model --out DIR --preset large --layers 8 ...
-tiny-model: $(TINY_MODEL)/config.json $(TINY_MODEL)-test/config.json $(TINY_MODEL)-test-seed1/config.json
+tiny-model: $(TINY_MODEL)/config.json $(TINY_MODEL)-test/config.json $(TINY_MODEL)-test-seed1/config.json $(FAMILY_MODELS)
 
 tiny-model-test: $(TINY_MODEL)-test/config.json $(TINY_MODEL)-test-seed1/config.json
 
@@ -49,10 +53,22 @@ $(TINY_MODEL)-test/config.json: tools/build_tiny_model.py | setup
 $(TINY_MODEL)-test-seed1/config.json: tools/build_tiny_model.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test-seed1 --preset test --seed 1
 
+# One tiny model per family the engine cache must serve (hybrid and
+# sliding-window caches; see tools/tiny_families.py), a few seconds each.
+tiny-families: $(FAMILY_MODELS)
+
+build/tiny-%/config.json: tools/build_tiny_model.py tools/tiny_families.py | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --family $* --out build/tiny-$*
+
+# mlx-lm 0.32 (a changed cache API) beside the pinned 0.31, for the test that
+# runs the snapshot/restore core against it (imported ahead via PYTHONPATH).
+$(MLX_LM_032)/mlx_lm/__init__.py: | setup
+	$(PY) -m pip install --quiet --no-deps --target $(MLX_LM_032) mlx-lm==0.32.2
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup tiny-model tiny-model-test lint
+test: setup tiny-model tiny-model-test $(MLX_LM_032)/mlx_lm/__init__.py lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
@@ -77,6 +93,10 @@ demo: setup tiny-model
 bench: setup tiny-model
 	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(if $(FULL),--full) $(BENCH_ARGS)
 	$(if $(FULL),,$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick))
+
+# The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention).
+bench-hybrid: setup build/tiny-qwen3_5/config.json
+	$(PY) -m stable_prefix.bench.run --model build/tiny-qwen3_5 --out bench/results/hybrid $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.

@@ -1,45 +1,88 @@
 """Every place that touches an mlx-lm cache layer's internals.
 
-mlx-lm keeps a model's KV state as a list of per-layer cache objects
-(`KVCache`, `RotatingKVCache`, `ArraysCache`, ...) with `state`, `meta_state`,
-`from_state` and `trim`. This module adapts that API for the prefix cache:
-which layers can be snapshotted, taking a snapshot, restoring one into a live
-cache, and what it costs in bytes. Nothing else in engine_patch reads `state`
-or `meta_state`.
+mlx-lm keeps a model's state as a list of per-layer cache objects. This module
+knows each kind and adapts both of mlx-lm's cache APIs (0.31: `state` +
+`meta_state`, `from_state(state, meta_state)`; 0.32: `state` alone carries
+offsets and padded buffers, `from_state(state)`), detected by behaviour:
+
+- rewindable layers (`KVCache`): one snapshot serves every prefix of its
+  tokens, by trimming;
+- positional layers (`ArraysCache` recurrent/conv state, `RotatingKVCache`
+  sliding windows, `ChunkedKVCache`, `CacheList`): a snapshot is valid at
+  exactly one token position, so the prefix cache checkpoints them;
+- anything else (a quantized KV cache, an unknown class) is unsupported.
+
+Snapshots are frozen cache objects of the same classes, compacted to what they
+hold (a sliding window to its window); `restore` turns them back into new live
+objects that never alias a snapshot's arrays. Nothing else in engine_patch
+reads `state` or `meta_state`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache
+from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, ConcatenateKVCache, KVCache, RotatingKVCache
 
 
 class UnsupportedCache(Exception):
-    """The model's cache cannot be snapshotted and trimmed exactly."""
+    """The model's cache has a layer kind that cannot be snapshotted exactly."""
+
+
+REWINDABLE_KINDS = (KVCache, ConcatenateKVCache)
+POSITIONAL_KINDS = (ArraysCache, RotatingKVCache, ChunkedKVCache, CacheList)
+
+# mlx-lm 0.32 dropped `meta_state` (its `state` carries the integers itself).
+HAS_META_STATE = hasattr(KVCache(), "meta_state")
+
+
+def is_rewindable(layer: Any) -> bool:
+    # Exact classes: a subclass may keep state that trimming does not rewind.
+    return type(layer) in REWINDABLE_KINDS
+
+
+def positional_indices(prompt_cache: list[Any]) -> list[int]:
+    return [index for index, layer in enumerate(prompt_cache) if not is_rewindable(layer)]
 
 
 def check_snapshot_support(prompt_cache: list[Any]) -> None:
-    """Raise `UnsupportedCache` unless every layer is a plain, trimmable KVCache.
-
-    Rotating (sliding-window) caches keep a write cursor that `state` does not
-    capture, quantized caches cannot be trimmed exactly, and hybrid models mix
-    in recurrent `ArraysCache` layers whose state cannot be rewound to an
-    earlier token: restoring any of those to a shorter prefix would be wrong.
-    """
+    """Raise `UnsupportedCache` unless every layer is a kind this module knows."""
     if not prompt_cache:
         raise UnsupportedCache("the model makes an empty cache")
-    kinds = sorted({type(layer).__name__ for layer in prompt_cache})
-    if any(type(layer) is not KVCache for layer in prompt_cache):
-        raise UnsupportedCache(f"cache layers are {', '.join(kinds)}; only plain KVCache can be snapshotted and trimmed")
-    if not can_trim_prompt_cache(prompt_cache):
-        raise UnsupportedCache(f"cache layers ({', '.join(kinds)}) are not trimmable")
+    for layer in prompt_cache:
+        if is_rewindable(layer) or (isinstance(layer, POSITIONAL_KINDS) and _known_parts(layer)):
+            continue
+        kinds = sorted({type(layer).__name__ for layer in prompt_cache})
+        raise UnsupportedCache(f"cache layers are {', '.join(kinds)}; {type(layer).__name__} cannot be snapshotted exactly")
 
 
-def cached_token_count(prompt_cache: list[Any]) -> int:
-    return prompt_cache[0].offset
+def _known_parts(layer: Any) -> bool:
+    if isinstance(layer, CacheList):
+        return all(is_rewindable(part) or isinstance(part, POSITIONAL_KINDS) for part in layer.caches)
+    return True
+
+
+def cached_token_count(prompt_cache: list[Any]) -> int | None:
+    """Tokens the cache has seen, from the first layer that counts them (None: none does)."""
+    for layer in prompt_cache:
+        offset = getattr(layer, "offset", None)
+        if isinstance(offset, int):
+            return offset
+    return None
+
+
+def trim(prompt_cache: list[Any], count: int) -> None:
+    """Drop the last `count` tokens from every rewindable layer (positional ones are restored exactly instead)."""
+    for layer in prompt_cache:
+        if is_rewindable(layer):
+            layer.trim(count)
+
+
+def eval_state(prompt_cache: list[Any]) -> None:
+    mx.eval(list(_arrays(layer.state for layer in prompt_cache)))
 
 
 # A snapshot shares the finished request's buffers when they are barely larger
@@ -50,33 +93,113 @@ def cached_token_count(prompt_cache: list[Any]) -> int:
 MAX_SHARED_PADDING = 0.10
 
 
-def snapshot(prompt_cache: list[Any]) -> tuple[list[Any], int]:
-    """Independent layers holding the live cache's tokens, and the bytes they keep alive.
+def snapshot(prompt_cache: list[Any], indices: list[int] | None = None) -> tuple[list[Any], int]:
+    """Frozen copies of the layers at `indices` (all by default; None elsewhere) and the bytes they keep alive.
 
-    Called once the request's generation is over, when nothing writes to the
-    live cache any more.
+    Called when nothing writes to the live cache: between prefill chunks or
+    once the request's generation is over.
     """
-    held_bytes = state_nbytes(prompt_cache)
-    buffer_bytes = sum(layer.nbytes for layer in prompt_cache)
-    share = buffer_bytes <= held_bytes * (1 + MAX_SHARED_PADDING)
-    copy = (lambda array: array[...]) if share else mx.array
-    layers = [type(layer).from_state(tuple(copy(array) for array in layer.state), layer.meta_state) for layer in prompt_cache]
-    mx.eval([layer.state for layer in layers])
-    return layers, buffer_bytes if share else held_bytes
+    wanted = range(len(prompt_cache)) if indices is None else indices
+    layers: list[Any] = [None] * len(prompt_cache)
+    total = 0
+    for index in wanted:
+        layers[index], nbytes = _freeze(prompt_cache[index])
+        total += nbytes
+    mx.eval(list(_arrays(layer.state for layer in layers if layer is not None)))
+    return layers, total
 
 
 def restore(layers: list[Any]) -> list[Any]:
-    """A new live cache equal to a snapshot, safe to extend and trim.
+    """New live layers equal to frozen ones, safe to extend and trim.
 
     Each array is a new object: the generation's in-place slice writes rebind
     the live cache's arrays and never reach the snapshot's.
     """
-    return [type(layer).from_state(tuple(array[...] for array in layer.state), layer.meta_state) for layer in layers]
+    return [_rebuilt(layer, lambda array: array[...]) for layer in layers]
 
 
 def state_nbytes(prompt_cache: list[Any]) -> int:
     """Bytes of the cached tokens' state (not of any padding behind it)."""
-    return sum(array.nbytes for layer in prompt_cache for array in layer.state)
+    return sum(_freeze_view(layer)[1] for layer in prompt_cache)
+
+
+def snapshot_nbytes(layers: list[Any]) -> int:
+    return sum(array.nbytes for array in _arrays(layer.state for layer in layers if layer is not None))
+
+
+# --- per-kind work ------------------------------------------------------------
+
+
+def _freeze(layer: Any) -> tuple[Any, int]:
+    view, held_bytes = _freeze_view(layer)
+    if is_rewindable(layer) and layer.keys is not None:
+        buffer_bytes = layer.nbytes
+        if buffer_bytes <= held_bytes * (1 + MAX_SHARED_PADDING):
+            return _rebuilt(view, lambda array: array[...]), buffer_bytes
+    # mx.array copies a view into a buffer of its own size.
+    return _rebuilt(view, mx.array), held_bytes
+
+
+def _freeze_view(layer: Any) -> tuple[Any, int]:
+    """A shallow copy of `layer` whose arrays hold only its tokens, and their bytes."""
+    view = copy.copy(layer)
+    if isinstance(layer, (KVCache, ChunkedKVCache)) and layer.keys is not None:
+        # 0.32's `state` returns the padded buffers; cut them to the tokens held.
+        end = layer.offset - getattr(layer, "start_position", 0)
+        view.keys, view.values = layer.keys[..., :end, :], layer.values[..., :end, :]
+    elif isinstance(layer, RotatingKVCache) and layer.keys is not None:
+        view.keys, view.values = _window(layer, layer.keys), _window(layer, layer.values)
+        view._idx = view.keys.shape[2]
+    elif isinstance(layer, ArraysCache):
+        view.cache = list(layer.cache)
+    nbytes = sum(array.nbytes for array in _arrays([view.state]))
+    return view, nbytes
+
+
+def _window(layer: RotatingKVCache, array: mx.array) -> mx.array:
+    """The tokens a sliding-window layer still attends to, in temporal order.
+
+    After a prefill chunk the buffer holds max_size + chunk - 1 tokens; the
+    next step keeps only the `keep` first and the max_size - keep last of
+    them, so a snapshot of just those continues exactly the same way.
+    """
+    ordered = layer._temporal_order(array)
+    if ordered.shape[2] <= layer.max_size:
+        return ordered
+    return mx.concatenate([ordered[..., : layer.keep, :], ordered[..., ordered.shape[2] - (layer.max_size - layer.keep) :, :]], axis=2)
+
+
+def _rebuilt(layer: Any, copy_array) -> Any:
+    state = _copied(layer.state, copy_array)
+    if HAS_META_STATE:
+        rebuilt = type(layer).from_state(state, layer.meta_state)
+    else:
+        rebuilt = type(layer).from_state(state)
+    offset = getattr(layer, "offset", None)
+    if isinstance(offset, int) and getattr(rebuilt, "offset", None) != offset:
+        # 0.31's ChunkedKVCache.from_state sets offset to the buffer length,
+        # wrong once its front was trimmed.
+        rebuilt.offset = offset
+    return rebuilt
+
+
+def _copied(value: Any, copy_array) -> Any:
+    """`value` with every array copied; lists stay lists (ArraysCache assigns into its list)."""
+    if isinstance(value, mx.array):
+        return copy_array(value)
+    if isinstance(value, list):
+        return [_copied(item, copy_array) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_copied(item, copy_array) for item in value)
+    return value
+
+
+def _arrays(value: Any):
+    if isinstance(value, mx.array):
+        yield value
+    elif isinstance(value, (list, tuple)) or hasattr(value, "__next__"):
+        for item in value:
+            yield from _arrays(item)
 
 
 # --- a snapshot as named arrays, for the disk tier --------------------------

@@ -3,9 +3,13 @@
 Five seams, each the narrowest that covers every request:
 - `mlx_lm.stream_generate`, which every SimpleEngine text generation ends in,
   is wrapped by `CachedGeneration` (see there for why this depth).
-- vllm-mlx's own system-prefix cache (0.6.0) is switched off: it restores only
-  the system+tools prefix, keeps whole copies per slot and would take the
-  prompt before our cache sees it.
+- vllm-mlx's own system-prefix cache (0.6.0) is switched off for a model our
+  cache serves: it restores only the system+tools prefix, keeps whole copies
+  per slot and would take the prompt before our cache sees it. For a model our
+  cache cannot serve it stays on, so no model gets less reuse than shipped.
+- Chat requests carry their stable head (system + tools, found by vllm-mlx's
+  own probe) to the generation, where models with positional layers
+  checkpoint it.
 - The engine's worker submissions run in the submitting request's context, so
   the generation can tell the HTTP layer how much it reused.
 - The HTTP app gets `/v1/cache/stats`, `DELETE /v1/cache[?tier=ram|disk]` and
@@ -34,6 +38,7 @@ from .cached_generation import CachedGeneration
 from .disk_tier import DiskTier
 from .prefix_cache import PrefixCache
 from .tiered_cache import TieredCache
+from .prompt_head import set_head_text
 from .usage_fields import ReuseUsageMiddleware
 
 logger = logging.getLogger("engine_patch")
@@ -67,6 +72,7 @@ class Installed:
             **self.cache.stats(),
             "vllm_mlx_version": self.vllm_mlx_version,
             "disabled_reasons": self.generation.unsupported_reasons(),
+            "bypassed": dict(self.generation.bypassed),
         }
 
 
@@ -117,7 +123,8 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     # mlx_lm.generate() (vllm-mlx's non-streamed path) calls its module's global.
     sys.modules["mlx_lm.generate"].stream_generate = generation
 
-    patched += _disable_builtin_prefix_cache()
+    patched += _defer_builtin_prefix_cache(generation)
+    patched += _carry_prompt_head()
     patched += detokenizer_map.install()
     patched += _carry_request_context_to_worker()
     installed = Installed(vllm_mlx.__version__, cache, generation, patched)
@@ -151,17 +158,58 @@ def _identify_loaded_models(disk_tier: DiskTier) -> list[str]:
     return ["mlx_lm.utils.load_model (model identity)"]
 
 
-def _disable_builtin_prefix_cache() -> list[str]:
+def _defer_builtin_prefix_cache(generation: CachedGeneration) -> list[str]:
     try:
         from vllm_mlx.engine import simple
     except ImportError:
         return []
     if not hasattr(simple, "build_system_prompt_cache_prefix"):
         return []  # releases before the system-prefix cache existed
-    # With no system prefix found, SimpleEngine takes its plain path, which
-    # ends in the wrapped mlx_lm.stream_generate.
-    simple.build_system_prompt_cache_prefix = lambda *args, **kwargs: None
-    return ["SimpleEngine system-prefix cache (off)"]
+    original_build = simple.build_system_prompt_cache_prefix
+    original_probe = simple.SimpleEngine._probe_system_kv_cache_support.__func__
+    engine_model = {"served_by_us": True}
+
+    @functools.wraps(original_probe)
+    def probe(cls, model, route):
+        # Where SimpleEngine decides, at model load, whether its own cache can
+        # serve the model, decide whether ours does.
+        engine_model["served_by_us"] = generation.supports(model)
+        if not engine_model["served_by_us"]:
+            logger.warning("engine_patch: this model keeps vllm-mlx's own system-prefix cache")
+        return original_probe(cls, model, route)
+
+    @functools.wraps(original_build)
+    def system_prefix_unless_ours(*args, **kwargs):
+        # With no system prefix found, SimpleEngine takes its plain path, which
+        # ends in the wrapped mlx_lm.stream_generate.
+        return None if engine_model["served_by_us"] else original_build(*args, **kwargs)
+
+    simple.SimpleEngine._probe_system_kv_cache_support = classmethod(probe)
+    simple.build_system_prompt_cache_prefix = system_prefix_unless_ours
+    return ["SimpleEngine system-prefix cache (off for models we serve)"]
+
+
+def _carry_prompt_head() -> list[str]:
+    try:
+        from vllm_mlx.engine import simple
+        from vllm_mlx.engine.chat_template_safety import build_system_prompt_cache_prefix
+    except ImportError:
+        return []
+    render = getattr(simple.SimpleEngine, "_render_chat_prompt", None)
+    if render is None:
+        return []
+
+    @functools.wraps(render)
+    def render_and_note_head(self, messages, *args, **kwargs):
+        prompt, template_kwargs, safe_messages = render(self, messages, *args, **kwargs)
+        if template_kwargs is not None:
+            tokenizer = self._model.tokenizer
+            set_head_text(lambda: build_system_prompt_cache_prefix(
+                tokenizer, messages, template_kwargs=template_kwargs, normalized_messages=safe_messages))
+        return prompt, template_kwargs, safe_messages
+
+    simple.SimpleEngine._render_chat_prompt = render_and_note_head
+    return ["SimpleEngine chat head"]
 
 
 def _carry_request_context_to_worker() -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .disk_tier import DiskTier
-from .prefix_cache import Fetched, PrefixCache
+from .prefix_cache import Checkpoint, Fetched, PrefixCache
 
 
 class TieredCache:
@@ -57,9 +57,9 @@ class TieredCache:
         self.ram.store(loaded.tokens, loaded.layers, loaded.prompt_length)
         return ram_reuse
 
-    def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None) -> None:
+    def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None, checkpoints: list[Checkpoint] = ()) -> None:
         stores = self.ram.counters.stores
-        self.ram.store(tokens, prompt_cache, prompt_length)
+        self.ram.store(tokens, prompt_cache, prompt_length, checkpoints)
         if self.disk is None or self._model is None or self.ram.counters.stores == stores:
             return
         entry = self.ram.newest_entry()

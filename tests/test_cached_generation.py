@@ -6,7 +6,7 @@ import logging
 
 import mlx_lm
 import pytest
-from mlx_lm.models.cache import RotatingKVCache
+from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
 from mlx_lm.sample_utils import make_sampler
 
 from stable_prefix.engine_patch.cached_generation import CachedGeneration
@@ -110,7 +110,7 @@ def test_a_failing_restore_gives_the_uncached_answer_a_warning_and_a_counted_fal
 def test_a_failing_snapshot_keeps_the_answer_and_counts_a_fallback(loaded, generation, monkeypatch, caplog):
     model, tokenizer = loaded
 
-    def broken_snapshot(prompt_cache):
+    def broken_snapshot(prompt_cache, indices=None):
         raise RuntimeError("injected snapshot failure")
 
     monkeypatch.setattr("stable_prefix.engine_patch.prefix_cache.snapshot", broken_snapshot)
@@ -129,17 +129,19 @@ def test_requests_that_build_a_quantized_cache_bypass_the_prefix_cache(loaded, g
     greedy(generation, model, tokenizer, prompt, kv_bits=8, kv_group_size=32)
     assert generation.cache.stats()["misses"] == 0
     assert generation.cache.stats()["entries"] == 0
+    assert generation.bypassed == {"kv_bits": 1}
 
 
-class SlidingWindowModel:
-    """The tiny model with a sliding-window (rotating) KV cache, as Gemma or Mistral use."""
+class ModelWithCache:
+    """The tiny model with another kind of cache: sliding-window (as Gemma or gpt-oss) or quantized."""
 
-    def __init__(self, model):
+    def __init__(self, model, make_layer):
         self.model = model
         self.layers = model.layers
+        self.make_layer = make_layer
 
     def make_cache(self):
-        return [RotatingKVCache(max_size=64, keep=4) for _ in self.layers]
+        return [self.make_layer() for _ in self.layers]
 
     def __call__(self, *args, **kwargs):
         return self.model(*args, **kwargs)
@@ -148,14 +150,46 @@ class SlidingWindowModel:
         return self.model.parameters()
 
 
-def test_a_model_with_a_sliding_window_cache_runs_uncached_with_the_reason_logged(loaded, generation, caplog):
+def test_a_model_with_a_sliding_window_cache_is_checkpointed_and_answers_as_uncached(loaded, generation):
     model, tokenizer = loaded
-    sliding = SlidingWindowModel(model)
+    sliding = ModelWithCache(model, lambda: RotatingKVCache(max_size=64, keep=4))
+    for turns in conversation_turns("main"):
+        prompt = chat(tokenizer, *turns)
+        assert greedy(generation, sliding, tokenizer, prompt) == greedy(ORIGINAL_STREAM_GENERATE, sliding, tokenizer, prompt)
+    stats = generation.cache.stats()
+    assert stats["hits"] == 2 and stats["tokens_reused"] > 0
+    assert all(checkpoints for checkpoints in stats["entry_checkpoints"])
+    assert not generation.unsupported_reasons()
+
+
+def test_a_model_whose_cache_cannot_be_snapshotted_runs_uncached_with_the_reason_logged(loaded, generation, caplog):
+    model, tokenizer = loaded
+    quantized = ModelWithCache(model, lambda: QuantizedKVCache(group_size=32, bits=8))
     prompt = chat(tokenizer, *conversation_turns("main")[0])
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
-        tokens = greedy(generation, sliding, tokenizer, prompt)
-        greedy(generation, sliding, tokenizer, prompt)
-    assert tokens == greedy(ORIGINAL_STREAM_GENERATE, sliding, tokenizer, prompt)
+        tokens = greedy(generation, quantized, tokenizer, prompt)
+        greedy(generation, quantized, tokenizer, prompt)
+    assert tokens == greedy(ORIGINAL_STREAM_GENERATE, quantized, tokenizer, prompt)
     assert generation.cache.stats()["entries"] == 0
-    assert "prefix cache disabled for SlidingWindowModel: cache layers are RotatingKVCache" in caplog.text
+    assert "prefix cache disabled for ModelWithCache: cache layers are QuantizedKVCache" in caplog.text
     assert generation.unsupported_reasons()
+
+
+def test_a_failing_checkpoint_prefill_gives_the_uncached_answer_and_reports_no_reuse(loaded, generation, monkeypatch):
+    model, tokenizer = loaded
+    sliding = ModelWithCache(model, lambda: RotatingKVCache(max_size=64, keep=4))
+    prompt = chat(tokenizer, *conversation_turns("main")[1])
+    greedy(generation, sliding, tokenizer, chat(tokenizer, *conversation_turns("main")[0]))
+
+    def broken_eval(prompt_cache):
+        raise RuntimeError("injected prefill failure")
+
+    monkeypatch.setattr("stable_prefix.engine_patch.cached_generation.eval_state", broken_eval)
+    reuse, token = begin_request()
+    try:
+        tokens = greedy(generation, sliding, tokenizer, prompt)
+    finally:
+        end_request(token)
+    assert tokens == greedy(ORIGINAL_STREAM_GENERATE, sliding, tokenizer, prompt)
+    assert reuse.reused == 0
+    assert generation.cache.stats()["fallbacks"] == 1

@@ -7,10 +7,14 @@ import sys
 import mlx_lm
 import pytest
 import vllm_mlx
+from mlx_lm.models.cache import KVCache
+from transformers import AutoTokenizer
 
 from stable_prefix.engine_patch import install
 from stable_prefix.engine_patch.__main__ import parse_size
-from stable_prefix.engine_patch.install import why_unsupported
+from stable_prefix.engine_patch.cached_generation import CachedGeneration
+from stable_prefix.engine_patch.install import _defer_builtin_prefix_cache, why_unsupported
+from stable_prefix.engine_patch.prefix_cache import PrefixCache
 from tests.support.llm_client import send
 from tests.support.models import require_model
 from tests.support.processes import REPO_ROOT, free_port, http_ok, running
@@ -75,3 +79,51 @@ def test_an_older_release_without_a_cache_of_its_own_gets_one(tmp_path):
         second = send(server.url, "/v1/messages", body)
         assert "prefix cache installed on vllm-mlx 0.3.0" in server.log_text()
     assert second.usage["cache_read_input_tokens"] > 0
+
+
+class CustomKVCache(KVCache):
+    """A model's own subclass of KVCache: vllm-mlx's system-prefix cache takes it, ours does not."""
+
+
+class ModelWithCustomCache:
+    layers = [None]
+
+    def make_cache(self):
+        return [CustomKVCache()]
+
+
+class ModelWithPlainCache:
+    layers = [None]
+
+    def make_cache(self):
+        return [KVCache()]
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """The system-prefix seam installed on a CachedGeneration; every patched attribute restored afterwards."""
+    from vllm_mlx.engine import simple
+
+    monkeypatch.setattr(simple, "build_system_prompt_cache_prefix", simple.build_system_prompt_cache_prefix)
+    monkeypatch.setattr(simple.SimpleEngine, "_probe_system_kv_cache_support", simple.SimpleEngine.__dict__["_probe_system_kv_cache_support"])
+    _defer_builtin_prefix_cache(CachedGeneration(mlx_lm.stream_generate, PrefixCache(budget_bytes=2**20)))
+    tokenizer = AutoTokenizer.from_pretrained(str(require_model()))
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Hello"}]
+    template_kwargs = {"tokenize": False, "add_generation_prompt": True}
+
+    def system_prefix():
+        return simple.build_system_prompt_cache_prefix(tokenizer, messages, template_kwargs=template_kwargs)
+
+    return simple.SimpleEngine, system_prefix
+
+
+def test_a_model_our_cache_cannot_serve_keeps_vllm_mlxs_own_system_prefix_cache(deferred):
+    engine, system_prefix = deferred
+    assert engine._probe_system_kv_cache_support(ModelWithCustomCache(), "llm") is True
+    assert system_prefix().startswith("<|im_start|>system\nYou are a coding agent.")
+
+
+def test_a_model_our_cache_serves_turns_vllm_mlxs_system_prefix_cache_off(deferred):
+    engine, system_prefix = deferred
+    engine._probe_system_kv_cache_support(ModelWithPlainCache(), "llm")
+    assert system_prefix() is None

@@ -5,11 +5,13 @@ a full prefill computes."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models import qwen2
-from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models import qwen2, qwen3_5
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
+from stable_prefix.engine_patch import cache_layers
 from stable_prefix.engine_patch.cache_layers import UnsupportedCache, check_snapshot_support, snapshot
-from stable_prefix.engine_patch.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.prefix_cache import Checkpoint, PrefixCache
+from stable_prefix.tools.tiny_families import FAMILIES
 
 VOCAB = 512
 
@@ -251,11 +253,100 @@ def test_a_long_state_shares_the_finished_requests_buffers_and_counts_them_whole
     assert nbytes == 1024 * bytes_per_token(model)
 
 
-@pytest.mark.parametrize(
-    "layer",
-    [RotatingKVCache(max_size=64, keep=4), QuantizedKVCache(group_size=64, bits=8)],
-    ids=["sliding-window", "quantized"],
-)
-def test_caches_that_cannot_be_restored_exactly_are_refused(layer):
-    with pytest.raises(UnsupportedCache):
-        check_snapshot_support([layer])
+def test_a_quantized_cache_is_refused_and_a_sliding_window_accepted():
+    with pytest.raises(UnsupportedCache, match="QuantizedKVCache"):
+        check_snapshot_support([KVCache(), QuantizedKVCache(group_size=64, bits=8)])
+    check_snapshot_support([KVCache(), RotatingKVCache(max_size=64, keep=4)])
+
+
+# --- models with positional layers: checkpoints --------------------------------
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    """A tiny Qwen3.5-shaped model: gated-DeltaNet (ArraysCache) layers and one attention layer."""
+    mx.random.seed(7)
+    config = FAMILIES["qwen3_5"].config(FAMILIES["qwen3_5"].default_shape) | {"vocab_size": VOCAB}
+    model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(config))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def prefilled_with_checkpoints(model, prompt: list[int], positions: list[int]):
+    """A live cache holding `prompt`, and checkpoints of its positional layers at `positions`."""
+    cache, checkpoints, done = make_prompt_cache(model), [], 0
+    positional = cache_layers.positional_indices(cache)
+    for position in [*positions, len(prompt)]:
+        model(mx.array(prompt[done:position])[None], cache=cache)
+        done = position
+        if position < len(prompt):
+            layers, nbytes = cache_layers.snapshot(cache, positional)
+            checkpoints.append(Checkpoint(position, layers, nbytes))
+    return cache, checkpoints
+
+
+def test_a_positional_model_restores_the_longest_checkpoint_inside_the_common_prefix(hybrid):
+    cache = PrefixCache(budget_bytes=10**9)
+    stored = tokens(1, 40)
+    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [10, 20])
+    cache.store(stored, live, 40, checkpoints)
+    fetched = cache.fetch(hybrid, stored[:30] + tokens(2, 5))
+    assert fetched.reused == 20 and fetched.common_prefix == 30
+    assert [c.position for c in fetched.inherited] == [10, 20]
+    cached = last_logits(hybrid, fetched.prompt_cache, stored[20:30] + tokens(2, 5))
+    full = last_logits(hybrid, make_prompt_cache(hybrid), stored[:30] + tokens(2, 5))
+    np.testing.assert_allclose(cached, full, atol=1e-4)
+
+
+def test_a_positional_model_restores_the_whole_entry_when_the_prompt_extends_it(hybrid):
+    cache = PrefixCache(budget_bytes=10**9)
+    stored = tokens(1, 40)
+    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [10])
+    cache.store(stored, live, 40, checkpoints)
+    assert cache.fetch(hybrid, stored + tokens(2, 5)).reused == 40
+
+
+def test_a_checkpoint_shared_by_two_lanes_is_counted_once(hybrid):
+    cache = PrefixCache(budget_bytes=10**9)
+    first = tokens(1, 30)
+    live, checkpoints = prefilled_with_checkpoints(hybrid, first, [10])
+    cache.store(first, live, 30, checkpoints)
+    second = first[:10] + tokens(2, 20)
+    fetched = cache.fetch(hybrid, second)
+    assert fetched.reused == 10
+    model_call = hybrid(mx.array(second[10:])[None], cache=fetched.prompt_cache)
+    mx.eval(model_call)
+    cache.store(second, fetched.prompt_cache, 30, fetched.inherited)
+    entries = list(cache.entries.values())
+    assert len(entries) == 2 and entries[0].checkpoints[0] is entries[1].checkpoints[0]
+    assert cache.stats()["bytes"] == entries[0].nbytes + entries[1].nbytes + checkpoints[0].nbytes
+
+
+def test_a_hybrid_entry_is_never_larger_than_the_budget(hybrid):
+    stored = tokens(1, 40)
+    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [10, 20])
+    whole = cache_layers.state_nbytes(live) + sum(c.nbytes for c in checkpoints)
+    cache = PrefixCache(budget_bytes=whole - 1)
+    cache.store(stored, live, 40, checkpoints)
+    stats = cache.stats()
+    assert stats["bytes"] <= whole - 1
+    assert stats["entry_tokens"] == [20] and stats["trimmed_to_fit"] == 1
+
+
+def test_an_entry_with_too_many_checkpoints_drops_the_earlier_of_the_closest_pair(hybrid):
+    cache = PrefixCache(budget_bytes=10**9)
+    stored = tokens(1, 60)
+    # A message start at 40 and the chat head right after its role header, at 43.
+    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [3, 10, 20, 40, 43, 50, 55])
+    cache.store(stored, live, 60, checkpoints)
+    assert cache.stats()["entry_checkpoints"] == [[3, 10, 20, 43, 50, 55]]
+
+
+def test_the_pinned_chat_head_checkpoint_is_never_dropped(hybrid):
+    cache = PrefixCache(budget_bytes=10**9)
+    stored = tokens(1, 60)
+    live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [3, 10, 20, 40, 41, 50, 55])
+    checkpoints[3].pinned = True  # the head at 40, one token before a branch point
+    cache.store(stored, live, 60, checkpoints)
+    assert 40 in cache.stats()["entry_checkpoints"][0]

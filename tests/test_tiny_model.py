@@ -16,7 +16,9 @@ import unicodedata
 import urllib.request
 from pathlib import Path
 
+import mlx_lm
 import pytest
+from mlx_lm.models.cache import make_prompt_cache
 
 from tests.support.processes import REPO_ROOT, VENV_BIN, free_port, http_ok, running
 
@@ -389,3 +391,22 @@ def test_vllm_mlx_serves_the_model_on_both_endpoints_with_tools(model_dir, tmp_p
                 assert events[-1]["type"] == "message_stop"
             else:
                 assert json.loads(body)["content"][0]["text"]
+
+
+FAMILY_CACHE_KINDS = {
+    "qwen3_5": ["ArraysCache", "ArraysCache", "ArraysCache", "KVCache"],
+    "gpt_oss": ["RotatingKVCache", "KVCache"],
+    "gemma3_text": ["RotatingKVCache"] * 5 + ["KVCache"],
+    "nemotron_h": ["ArraysCache", "KVCache", "ArraysCache"],
+}
+FAMILY_MESSAGE_START = {"qwen3_5": "<|im_start|>", "gpt_oss": "<|start|>", "gemma3_text": "<start_of_turn>", "nemotron_h": "<|im_start|>"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CACHE_KINDS))
+def test_each_family_model_loads_with_its_cache_kinds_and_message_start_token(family):
+    model, tokenizer = mlx_lm.load(str(REPO_ROOT / "build" / f"tiny-{family}"))
+    assert [type(layer).__name__ for layer in make_prompt_cache(model)] == FAMILY_CACHE_KINDS[family]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    start_id = tokenizer.get_vocab()[FAMILY_MESSAGE_START[family]]
+    assert start_id in tokenizer.encode(prompt, add_special_tokens=False)

