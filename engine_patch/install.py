@@ -37,8 +37,8 @@ from . import detokenizer_map
 from .cached_generation import CachedGeneration
 from .disk_tier import DiskTier
 from .prefix_cache import PrefixCache
-from .tiered_cache import TieredCache
 from .prompt_head import set_head_text
+from .tiered_cache import TieredCache
 from .usage_fields import ReuseUsageMiddleware
 
 logger = logging.getLogger("engine_patch")
