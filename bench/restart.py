@@ -20,7 +20,7 @@ other runs.
 4. Restore throughput: a KV state shaped like Qwen3-Coder-30B-A3B's (48 layers x
    4 KV heads x head dim 128, fp16: 96 KiB per token) of at least 1 GiB is
    snapshotted, written and loaded through the disk tier's own code (the RAM
-   snapshot, `DiskTier.submit` and its writer, `longest_prefix`, `load`: header,
+   snapshot, `DiskTier.submit` and its writer, `longest_restorable_prefix`, `load`: header,
    `mx.load`, a CRC-32 per tensor, layers rebuilt), from the page cache and from
    the device (the file's pages dropped first with posix_fadvise).
 """
@@ -230,9 +230,10 @@ def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[st
     import numpy as np
     from mlx_lm.models.cache import KVCache
 
-    from stable_prefix.engine_patch.cache_layers import snapshot
+    from stable_prefix.engine_patch.cache_layers import snapshot, snapshot_nbytes
     from stable_prefix.engine_patch.disk_tier import DiskTier
     from stable_prefix.engine_patch.model_identity import ModelIdentity
+    from stable_prefix.engine_patch.prefix_cache import CachedPrefix
 
     shape = QWEN3_CODER_30B
     bytes_per_token = shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * shape["dtype_bytes"]
@@ -252,8 +253,9 @@ def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[st
     owner = object()  # stands for the model: the state is synthetic, its identity too
     tier = DiskTier(directory, budget_bytes=8 * 2**30)
     tier.bind(owner, ModelIdentity("0" * 64, {"synthetic": "Qwen3-Coder-30B-A3B-shaped KV state"}))
+    entry = CachedPrefix(token_ids, layers, snapshot_nbytes(layers), tokens)
     started_at = time.perf_counter()
-    tier.submit(owner, token_ids, layers, tokens)
+    tier.submit(owner, entry)
     submit_s = time.perf_counter() - started_at
     if not tier.flush(timeout=600) or tier.counters.writes != 1:
         raise RuntimeError(f"the {gib} GiB snapshot was not written: {tier.counters.last_error}")
@@ -265,13 +267,13 @@ def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[st
         for _ in range(repeats):
             if source == "device" and not _drop_page_cache(path):
                 break
-            match = tier.longest_prefix(owner, token_ids)
+            match = tier.longest_restorable_prefix(owner, token_ids, positional=False)
             loaded = tier.load(match)
             if loaded is None:
                 raise RuntimeError(f"the snapshot did not load: {tier.counters.last_error}")
             loads[source].append(loaded.seconds)
             if source == "page_cache" and len(loads[source]) == 1:
-                exact = all(mx.array_equal(a, b).item() for a, b in zip(layers[-1].state, loaded.layers[-1].state))
+                exact = all(mx.array_equal(a, b).item() for a, b in zip(layers[-1].state, loaded.entry.layers[-1].state))
             del loaded
             gc.collect()
     tier.close()

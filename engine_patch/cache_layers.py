@@ -152,6 +152,8 @@ def _freeze_view(layer: Any) -> tuple[Any, int]:
         view._idx = view.keys.shape[2]
     elif isinstance(layer, ArraysCache):
         view.cache = list(layer.cache)
+    elif isinstance(layer, CacheList):
+        view.caches = tuple(_freeze_view(part)[0] for part in layer.caches)
     nbytes = sum(array.nbytes for array in _arrays([view.state]))
     return view, nbytes
 
@@ -170,17 +172,33 @@ def _window(layer: RotatingKVCache, array: mx.array) -> mx.array:
 
 
 def _rebuilt(layer: Any, copy_array) -> Any:
-    state = _copied(layer.state, copy_array)
-    if HAS_META_STATE:
-        rebuilt = type(layer).from_state(state, layer.meta_state)
-    else:
-        rebuilt = type(layer).from_state(state)
+    meta_state = layer.meta_state if HAS_META_STATE else None
+    return _from_state(type(layer), _copied(layer.state, copy_array), meta_state, _offsets(layer))
+
+
+def _from_state(layer_class: type, state: Any, meta_state: Any, offsets: Any) -> Any:
+    """A layer of `layer_class` from its state, on either cache API, at the token offsets given."""
+    rebuilt = layer_class.from_state(state, meta_state) if HAS_META_STATE else layer_class.from_state(state)
+    _set_offsets(rebuilt, offsets)
+    return rebuilt
+
+
+def _offsets(layer: Any) -> Any:
+    """How many tokens a layer (each part of a CacheList) has seen; None where it does not count."""
+    if isinstance(layer, CacheList):
+        return [_offsets(part) for part in layer.caches]
     offset = getattr(layer, "offset", None)
-    if isinstance(offset, int) and getattr(rebuilt, "offset", None) != offset:
+    return offset if isinstance(offset, int) else None
+
+
+def _set_offsets(layer: Any, offsets: Any) -> None:
+    if isinstance(layer, CacheList) and isinstance(offsets, list):
+        for part, offset in zip(layer.caches, offsets):
+            _set_offsets(part, offset)
+    elif isinstance(offsets, int) and getattr(layer, "offset", None) != offsets:
         # 0.31's ChunkedKVCache.from_state sets offset to the buffer length,
         # wrong once its front was trimmed.
-        rebuilt.offset = offset
-    return rebuilt
+        layer.offset = offsets
 
 
 def _copied(value: Any, copy_array) -> Any:
@@ -204,9 +222,13 @@ def _arrays(value: Any):
 
 # --- a snapshot as named arrays, for the disk tier --------------------------
 #
-# A layer's state may be a flat pair (KVCache), a list with empty slots
-# (ArraysCache) or nested (CacheList, QuantizedKVCache). Its shape is kept as
-# JSON beside the arrays: each array by name, an empty slot as null.
+# What is written is what `snapshot` keeps (`_freeze_view`: padding cut,
+# windows compacted) and what is read is rebuilt as `restore` rebuilds
+# (`_from_state`), on either cache API. A layer's `state` may hold arrays,
+# empty slots, integers (0.32 keeps offsets there), class names (0.32's
+# CacheList) and nested lists or tuples; it is kept as JSON beside the arrays:
+# each array by name, a tuple marked as one (ArraysCache needs a list it can
+# assign into, the rest do not care).
 
 
 def layers_to_arrays(layers: list[Any]) -> tuple[dict[str, mx.array], dict[str, str]]:
@@ -214,42 +236,51 @@ def layers_to_arrays(layers: list[Any]) -> tuple[dict[str, mx.array], dict[str, 
     arrays: dict[str, mx.array] = {}
 
     def encode(value: Any, name: str) -> Any:
-        if value is None:
-            return None
         if isinstance(value, mx.array):
             arrays[name] = value
-            return name
-        if isinstance(value, (list, tuple)):
+            return {"array": name}
+        if isinstance(value, list):
             return [encode(item, f"{name}.{index}") for index, item in enumerate(value)]
+        if isinstance(value, tuple):
+            return {"tuple": [encode(item, f"{name}.{index}") for index, item in enumerate(value)]}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
         raise UnsupportedCache(f"a cache layer's state holds a {type(value).__name__}, not arrays")
 
-    description = [
-        {"class": type(layer).__name__, "state": encode(layer.state, f"layer.{index}"), "meta_state": layer.meta_state}
-        for index, layer in enumerate(layers)
-    ]
+    description = []
+    for index, layer in enumerate(layers):
+        view, _ = _freeze_view(layer)
+        described = {"class": type(view).__name__, "state": encode(view.state, f"layer.{index}"), "offset": _offsets(view)}
+        if HAS_META_STATE:
+            described["meta_state"] = encode(view.meta_state, f"layer.{index}.meta")
+        description.append(described)
     return arrays, {"layers": json.dumps(description)}
 
 
 def layers_from_arrays(arrays: dict[str, mx.array], metadata: dict[str, str]) -> list[Any]:
-    """The layers `layers_to_arrays` described; ValueError if the description does not fit `arrays`."""
+    """The frozen layers `layers_to_arrays` described; ValueError if the description does not fit `arrays`."""
     from mlx_lm.models import cache as cache_classes
 
     def decode(value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, str):
-            if value not in arrays:
-                raise ValueError(f"the layer description names an array {value!r} that is not there")
-            return arrays[value]
+        if isinstance(value, dict) and value.keys() == {"array"}:
+            if value["array"] not in arrays:
+                raise ValueError(f"the layer description names an array {value['array']!r} that is not there")
+            return arrays[value["array"]]
+        if isinstance(value, dict) and value.keys() == {"tuple"}:
+            return tuple(decode(item) for item in value["tuple"])
         if isinstance(value, list):
             return [decode(item) for item in value]
-        raise ValueError(f"the layer description holds a {type(value).__name__}")
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        raise ValueError(f"the layer description holds {value!r}")
 
+    description = json.loads(metadata["layers"])
+    if not isinstance(description, list):
+        raise ValueError("the layer description is not a list")
     layers = []
-    for entry in json.loads(metadata["layers"]):
+    for entry in description:
         layer_class = getattr(cache_classes, entry["class"], None)
-        if not isinstance(layer_class, type) or not hasattr(layer_class, "from_state"):
+        if not isinstance(layer_class, type) or not issubclass(layer_class, (*REWINDABLE_KINDS, *POSITIONAL_KINDS)):
             raise ValueError(f"unknown cache layer class {entry['class']!r}")
-        meta_state = entry["meta_state"]
-        layers.append(layer_class.from_state(decode(entry["state"]), tuple(meta_state) if isinstance(meta_state, list) else meta_state))
+        layers.append(_from_state(layer_class, decode(entry["state"]), decode(entry.get("meta_state")), entry["offset"]))
     return layers

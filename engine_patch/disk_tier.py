@@ -9,11 +9,14 @@ newer one repeats is superseded. Each write holds the directory lock from the
 budget check to the rename (`snapshot_directory.py`), so two servers on one
 directory never exceed the budget together.
 
-Lookups read no KV bytes: the index holds each file's token ids, read from its
-header the first time the file is seen (a directory listing per lookup finds
-files other servers wrote or evicted). The same rules as in RAM: the longest
-common token prefix wins; a new snapshot deletes those whose whole prompt it
-repeats; least recently used files are evicted first.
+Each file holds a whole RAM entry: its end state and its checkpoints
+(`persisted_entry.py`). Lookups read no KV bytes: the index holds each file's
+token ids and checkpoint positions, read from its header the first time the
+file is seen (a directory listing per lookup finds files other servers wrote or
+evicted). The same rules as in RAM: the longest *restorable* prefix wins (for a
+model with positional layers, a checkpoint or the entry's end inside the common
+prefix: `prefix_cache.restorable_length`); a new snapshot deletes those whose
+whole prompt it repeats; least recently used files are evicted first.
 
 Anything wrong on disk (a truncated or corrupt file, a foreign header, a full
 disk, a read-only directory, a file another server evicted mid-read) costs a
@@ -37,9 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from .cache_layers import cached_token_count, layers_from_arrays, layers_to_arrays
+from .cache_layers import positional_indices
 from .model_identity import DigestMemo, ModelIdentity, identity_of, loaded_model_description
-from .prefix_cache import common_prefix_length
+from .persisted_entry import checkpoint_positions, entry_from_arrays, entry_to_arrays
+from .prefix_cache import CachedPrefix, common_prefix_length, restorable_length
 from .snapshot_directory import SnapshotDirectory, free_and_total_bytes, is_snapshot
 from .snapshot_file import (
     HostArray,
@@ -64,21 +68,23 @@ QUEUE_LIMIT = 2
 class IndexEntry:
     tokens: np.ndarray
     prompt_length: int
+    checkpoint_positions: list[int]
     file_bytes: int
+
+    def restorable_length(self, limit: int, positional: bool) -> int:
+        return restorable_length(len(self.tokens), self.checkpoint_positions, limit, positional)
 
 
 @dataclass(frozen=True)
 class DiskMatch:
     identity: ModelIdentity
     name: str
-    length: int  # tokens shared with the prompt
+    length: int  # prompt tokens the snapshot restores
 
 
 @dataclass(frozen=True)
 class LoadedSnapshot:
-    tokens: list[int]
-    layers: list[Any]
-    prompt_length: int
+    entry: CachedPrefix
     file_bytes: int
     seconds: float
 
@@ -88,8 +94,10 @@ class PendingWrite:
     identity: Future
     tokens: np.ndarray
     prompt_length: int
+    checkpoint_positions: list[int]
+    positional: bool
     arrays: dict[str, HostArray]
-    layer_metadata: dict[str, str]
+    metadata: dict[str, str]
 
 
 @dataclass
@@ -188,14 +196,20 @@ class DiskTier:
 
     # --- lookups and loads (generation thread) ----------------------------------
 
-    def longest_prefix(self, model: Any, prompt: np.ndarray) -> DiskMatch | None:
-        """The snapshot sharing the most leading tokens with `prompt`, from the index alone."""
+    def longest_restorable_prefix(self, model: Any, prompt: np.ndarray, positional: bool) -> DiskMatch | None:
+        """The snapshot restoring the most of `prompt` (all but its last token, as in RAM), from the index alone.
+
+        `positional`: the model has layers that restore only at a checkpoint or
+        an entry's end; a file sharing tokens with the prompt but no such point
+        inside them is no match.
+        """
         identity = self.identity_for(model)
         if identity is None:
             return None
         best: DiskMatch | None = None
         for name, entry in self._refreshed_index(identity).items():
-            length = common_prefix_length(entry.tokens, prompt)
+            common = common_prefix_length(entry.tokens, prompt)
+            length = entry.restorable_length(min(common, len(prompt) - 1), positional)
             if length > 0 and (best is None or length > best.length):
                 best = DiskMatch(identity, name, length)
         return best
@@ -206,10 +220,7 @@ class DiskTier:
         started = time.perf_counter()
         try:
             header = read_header(path, match.identity.key)
-            arrays, metadata = load_arrays(path, header)
-            layers = layers_from_arrays(arrays, metadata)
-            if cached_token_count(layers) != len(header.tokens):
-                raise SnapshotFileError(f"the state holds {cached_token_count(layers)} tokens, the file names {len(header.tokens)}")
+            entry = entry_from_arrays(header.tokens, header.prompt_length, *load_arrays(path, header))
         except FileNotFoundError:
             logger.info("disk cache: %s vanished before it was read (another server evicted it)", path.name)
             self._forget(match.identity, match.name)
@@ -225,8 +236,9 @@ class DiskTier:
             self.counters.loads += 1
             self.counters.bytes_loaded += header.file_bytes
             self.counters.load_seconds += seconds
-        logger.info("disk cache: loaded %d tokens (%.1f MiB) in %.3f s", len(header.tokens), header.file_bytes / 2**20, seconds)
-        return LoadedSnapshot(header.tokens.tolist(), layers, header.prompt_length, header.file_bytes, seconds)
+        logger.info("disk cache: loaded %d tokens, %d checkpoints (%.1f MiB) in %.3f s",
+                    len(header.tokens), len(entry.checkpoints), header.file_bytes / 2**20, seconds)
+        return LoadedSnapshot(entry, header.file_bytes, seconds)
 
     def record_hit(self, tokens_reused: int) -> None:
         with self._lock:
@@ -235,14 +247,15 @@ class DiskTier:
 
     # --- writes -------------------------------------------------------------------
 
-    def submit(self, model: Any, tokens: np.ndarray, layers: list[Any], prompt_length: int) -> None:
-        """Queue a snapshot for writing; returns at once (the arrays must be evaluated)."""
+    def submit(self, model: Any, entry: CachedPrefix) -> None:
+        """Queue a RAM entry (end state and checkpoints) for writing; returns at once (its arrays are evaluated)."""
         future = self._identities.get(id(model))
         if future is None or (future.done() and future.result() is None):
             return
-        arrays, layer_metadata = layers_to_arrays(layers)
-        pending = PendingWrite(future, np.asarray(tokens, dtype=np.int64), prompt_length,
-                               {name: host_view(array) for name, array in arrays.items()}, layer_metadata)
+        arrays, metadata = entry_to_arrays(entry)
+        pending = PendingWrite(future, np.asarray(entry.tokens, dtype=np.int64), entry.prompt_length,
+                               [c.position for c in entry.checkpoints], bool(positional_indices(entry.layers)),
+                               {name: host_view(array) for name, array in arrays.items()}, metadata)
         with self._lock:
             kept = collections.deque()
             for queued in self._queue:
@@ -292,13 +305,12 @@ class DiskTier:
         identity = pending.identity.result()
         if identity is None:
             return
-        for entry in self._refreshed_index(identity).values():
-            if common_prefix_length(entry.tokens, pending.tokens) == len(pending.tokens):
-                with self._lock:
-                    self.counters.writes_skipped += 1  # the disk already holds this state
-                return
+        if any(_restores_all_of(entry, pending) for entry in self._refreshed_index(identity).values()):
+            with self._lock:
+                self.counters.writes_skipped += 1  # the disk already holds this state
+            return
         started = time.perf_counter()
-        prepared = prepare_snapshot(identity.key, pending.tokens, pending.prompt_length, pending.arrays, pending.layer_metadata)
+        prepared = prepare_snapshot(identity.key, pending.tokens, pending.prompt_length, pending.arrays, pending.metadata)
         folder = self.files.folder(identity)
         with self.files.lock():
             limit = self.files.effective_budget()
@@ -321,7 +333,8 @@ class DiskTier:
                         temporary.unlink()  # the cache was cleared while this was written
                         return
                     self.files.commit(temporary, final)
-                    self._index.setdefault(identity.key, {})[final.name] = IndexEntry(pending.tokens, pending.prompt_length, prepared.file_bytes)
+                    self._index.setdefault(identity.key, {})[final.name] = IndexEntry(
+                        pending.tokens, pending.prompt_length, pending.checkpoint_positions, prepared.file_bytes)
                     self.counters.writes += 1
                     self.counters.bytes_written += prepared.file_bytes
                     self.counters.write_seconds += time.perf_counter() - started
@@ -363,13 +376,14 @@ class DiskTier:
         for name in present.keys() - fresh.keys():
             try:
                 header = read_header(folder / name, identity.key)
+                positions = checkpoint_positions(header.metadata, len(header.tokens))
             except FileNotFoundError:
                 continue
             except (SnapshotFileError, OSError, ValueError) as error:
                 self.count_error(f"reading the header of {folder / name}; deleted it", error)
                 self._delete_bad_file(identity, folder / name)
                 continue
-            fresh[name] = IndexEntry(header.tokens, header.prompt_length, header.file_bytes)
+            fresh[name] = IndexEntry(header.tokens, header.prompt_length, positions, header.file_bytes)
         with self._lock:
             self._index[identity.key] = fresh
         return fresh
@@ -454,3 +468,11 @@ class DiskTier:
             "disk_writes_pending": pending,
             **{f"disk_{name}": value for name, value in counters.items()},
         }
+
+
+def _restores_all_of(entry: IndexEntry, pending: PendingWrite) -> bool:
+    """Whether a file already restores every prefix the pending write would (its end and its checkpoints)."""
+    if common_prefix_length(entry.tokens, pending.tokens) < len(pending.tokens):
+        return False
+    wanted = [*pending.checkpoint_positions, len(pending.tokens)]
+    return all(entry.restorable_length(position, pending.positional) == position for position in wanted)

@@ -32,14 +32,16 @@ touches mlx-lm's per-layer cache internals.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from .cache_layers import cached_token_count, positional_indices, restore, snapshot, state_nbytes, trim
+from .cache_layers import cached_token_count, positional_indices, restore, snapshot, snapshot_nbytes, state_nbytes, trim
 
 # Checkpoints one entry keeps at most (the heads new conversations and
 # subagent calls share, where the next turn resumes, branch points).
@@ -61,6 +63,10 @@ class Checkpoint:
     nbytes: int
     # The chat's system + tools head: what vllm-mlx as shipped would reuse, so never dropped.
     pinned: bool = False
+    # Who this checkpoint is, across a restart: the disk tier writes a shared
+    # checkpoint into each entry's file, and the copies that come back with
+    # the same key become one object again (`PrefixCache.admit`).
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass
@@ -79,12 +85,21 @@ class CachedPrefix:
 
     def restorable_length(self, limit: int, positional: bool) -> int:
         """The longest prefix of at most `limit` tokens this entry can restore exactly."""
-        if not positional:
-            return min(limit, len(self.tokens))
-        positions = [checkpoint.position for checkpoint in self.checkpoints if checkpoint.position <= limit]
-        if len(self.tokens) <= limit:
-            positions.append(len(self.tokens))
-        return max(positions, default=0)
+        return restorable_length(len(self.tokens), [c.position for c in self.checkpoints], limit, positional)
+
+
+def restorable_length(token_count: int, checkpoint_positions: list[int], limit: int, positional: bool) -> int:
+    """The longest prefix of at most `limit` tokens an entry of `token_count` tokens can restore exactly.
+
+    Rewindable models: any prefix (by trimming). Positional ones: a checkpoint
+    position or the entry's end. The one rule for RAM entries and disk files.
+    """
+    if not positional:
+        return min(limit, token_count)
+    positions = [position for position in checkpoint_positions if position <= limit]
+    if token_count <= limit:
+        positions.append(token_count)
+    return max(positions, default=0)
 
 
 @dataclass
@@ -147,13 +162,7 @@ class PrefixCache:
         live = make_prompt_cache(model)
         positional = bool(positional_indices(live))
         with self._lock:
-            best_key, best_length, longest_common = None, 0, 0
-            for key, entry in self.entries.items():
-                common = common_prefix_length(entry.tokens, prompt)
-                longest_common = max(longest_common, common)
-                length = entry.restorable_length(min(common, len(prompt) - 1), positional)
-                if length >= best_length and length > 0:
-                    best_key, best_length = key, length
+            best_key, best_length, longest_common = self._best_entry(prompt, positional)
             if best_key is None:
                 self.counters.misses += 1
                 self.counters.tokens_prefilled += len(prompt)
@@ -167,6 +176,24 @@ class PrefixCache:
             self.counters.tokens_reused += best_length
             self.counters.tokens_prefilled += len(prompt) - best_length
         return Fetched(prompt_cache, best_length, longest_common, inherited)
+
+    def _best_entry(self, prompt: np.ndarray, positional: bool) -> tuple[int | None, int, int]:
+        """The entry restoring the most of `prompt` (all but its last token), that length,
+        and the longest common prefix with any entry. Call under the lock."""
+        best_key, best_length, longest_common = None, 0, 0
+        for key, entry in self.entries.items():
+            common = common_prefix_length(entry.tokens, prompt)
+            longest_common = max(longest_common, common)
+            length = entry.restorable_length(min(common, len(prompt) - 1), positional)
+            if length >= best_length and length > 0:
+                best_key, best_length = key, length
+        return best_key, best_length, longest_common
+
+    def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool) -> int:
+        """How many prompt tokens a fetch would reuse, without restoring anything."""
+        prompt = np.asarray(prompt_tokens, dtype=np.int64)
+        with self._lock:
+            return self._best_entry(prompt, positional)[1]
 
     def store(
         self,
@@ -201,17 +228,10 @@ class PrefixCache:
             return
         new_tokens = np.asarray(tokens[:held], dtype=np.int64)
         with self._lock:
-            dominated = []
-            for key, entry in self.entries.items():
-                shared = common_prefix_length(entry.tokens, new_tokens)
-                if shared == len(new_tokens) and (not positional or len(entry.tokens) == held):
-                    # Already held: the new state is a prefix of an entry.
-                    self.entries.move_to_end(key)
-                    return
-                if shared >= entry.prompt_length:
-                    dominated.append(key)
-                    checkpoints += [c for c in entry.checkpoints if c.position <= shared]
-        checkpoints = _kept(_unique(checkpoints), held)
+            dominated = self._dominated_by(new_tokens, bool(positional))
+            if dominated is None:
+                return
+        checkpoints = _kept(_unique(checkpoints + _inherited(dominated, new_tokens)), held)
         if counted is not None and counted > held:
             trim(prompt_cache, counted - held)
         length = self._fitting_length(prompt_cache, held, positional, checkpoints, end_state_exact)
@@ -232,13 +252,53 @@ class PrefixCache:
         new_entry = CachedPrefix(new_tokens[:length], layers, nbytes, prompt_part, checkpoints)
         if _bytes_of([new_entry]) > self.budget_bytes:
             return  # a shared buffer's padding tipped it over
+        self._insert(new_entry, dominated)
         with self._lock:
-            for key in dominated:
-                self.entries.pop(key, None)
+            self.counters.stores += 1
+
+    def admit(self, entry: CachedPrefix) -> None:
+        """Add a whole entry made elsewhere (loaded from disk), under the rules of `store`.
+
+        Its checkpoints that RAM already holds (same key: the same checkpoint,
+        written into several files) are replaced by RAM's object, so a shared
+        checkpoint is held and counted once, as before the restart. An entry
+        larger than the whole budget goes through `store`, which keeps the
+        longest prefix that fits.
+        """
+        positional = bool(positional_indices(entry.layers))
+        with self._lock:
+            entry = _sharing_checkpoints_with(entry, self.entries.values())
+            dominated = self._dominated_by(entry.tokens, positional)
+            if dominated is None:
+                return
+        entry.checkpoints = _kept(_unique(entry.checkpoints + _inherited(dominated, entry.tokens)), len(entry.tokens))
+        entry.nbytes = own_nbytes(entry.layers, entry.checkpoints)
+        if _bytes_of([entry]) > self.budget_bytes:
+            self.store(entry.tokens.tolist(), restore(entry.layers), entry.prompt_length, entry.checkpoints)
+            return
+        self._insert(entry, dominated)
+
+    def _dominated_by(self, tokens: np.ndarray, positional: bool) -> list[CachedPrefix] | None:
+        """The entries a new state of `tokens` replaces (their whole prompt is in it);
+        None if an entry already holds that state. Call under the lock."""
+        dominated = []
+        for key, entry in self.entries.items():
+            shared = common_prefix_length(entry.tokens, tokens)
+            if shared == len(tokens) and (not positional or len(entry.tokens) == len(tokens)):
+                # Already held: the new state is a prefix of an entry.
+                self.entries.move_to_end(key)
+                return None
+            if shared >= entry.prompt_length:
+                dominated.append(entry)
+        return dominated
+
+    def _insert(self, new_entry: CachedPrefix, dominated: list[CachedPrefix]) -> None:
+        with self._lock:
+            for key in [key for key, entry in self.entries.items() if any(entry is gone for gone in dominated)]:
+                del self.entries[key]
             self._make_room(new_entry)
             self.entries[self._next_key] = new_entry
             self._next_key += 1
-            self.counters.stores += 1
 
     def _fitting_length(
         self, prompt_cache: list[Any], held: int, positional: list[int], checkpoints: list[Checkpoint], end_state_exact: bool
@@ -265,12 +325,6 @@ class PrefixCache:
         ):
             self.entries.popitem(last=False)
             self.counters.evictions += 1
-
-    def longest_prefix(self, prompt_tokens: list[int] | np.ndarray) -> int:
-        """How many leading tokens of the prompt the best entry holds, without restoring it."""
-        prompt = np.asarray(prompt_tokens, dtype=np.int64)
-        with self._lock:
-            return max((common_prefix_length(entry.tokens, prompt) for entry in self.entries.values()), default=0)
 
     def newest_entry(self) -> CachedPrefix | None:
         """The entry the latest `store` added (the disk tier writes it out)."""
@@ -312,6 +366,34 @@ def _restored(entry: CachedPrefix, length: int) -> list[Any]:
     prompt_cache = restore(layers)
     trim(prompt_cache, len(entry.tokens) - length)
     return prompt_cache
+
+
+def _inherited(dominated: list[CachedPrefix], tokens: np.ndarray) -> list[Checkpoint]:
+    """The checkpoints of replaced entries inside the prefix they share with `tokens` (still valid there)."""
+    return [c for entry in dominated for c in entry.checkpoints if c.position <= common_prefix_length(entry.tokens, tokens)]
+
+
+def _sharing_checkpoints_with(entry: CachedPrefix, held: Iterable[CachedPrefix]) -> CachedPrefix:
+    """`entry` with each checkpoint that `held` entries already have (by key) replaced by theirs."""
+    known = {c.key: c for other in held for c in other.checkpoints}
+    replaced = {id(c): known[c.key] for c in entry.checkpoints if c.key in known and known[c.key] is not c}
+    if not replaced:
+        return entry
+    layers = list(entry.layers)
+    for checkpoint in entry.checkpoints:
+        if id(checkpoint) in replaced:
+            # The end state's positional layers may be this checkpoint's very objects.
+            for index, layer in enumerate(checkpoint.layers):
+                if layer is not None and layers[index] is layer:
+                    layers[index] = replaced[id(checkpoint)].layers[index]
+    checkpoints = [replaced.get(id(c), c) for c in entry.checkpoints]
+    return CachedPrefix(entry.tokens, layers, own_nbytes(layers, checkpoints), entry.prompt_length, checkpoints)
+
+
+def own_nbytes(layers: list[Any], checkpoints: list[Checkpoint]) -> int:
+    """Bytes of an entry's end state that are not one of its checkpoints' (those count with the checkpoint)."""
+    checkpoint_layers = {id(layer) for c in checkpoints for layer in c.layers if layer is not None}
+    return snapshot_nbytes([layer for layer in layers if id(layer) not in checkpoint_layers])
 
 
 def _unique(checkpoints) -> list[Checkpoint]:

@@ -5,8 +5,11 @@ read it): an 8-byte header length, a JSON header naming each tensor's dtype,
 shape and byte range, then the data. The first tensor is `tokens` (int32), so
 the index reads a header and a few KB of token ids, never KV bytes. The header's
 `__metadata__` says what the file is (format, version, the model identity it
-belongs to, how many tokens were prompt), how to rebuild the cache layers
-(`cache_layers.layers_to_arrays`), and a CRC-32 per tensor.
+belongs to, how many tokens were prompt), how to rebuild the cache entry
+(`persisted_entry.py`: its layers, checkpoints and what they share), a CRC-32
+per tensor and one of the header itself (positions and offsets live there).
+Version 2 holds whole entries (end state and checkpoints); version 1 files
+held an end state alone and are refused as foreign.
 
 Writing runs on the disk tier's writer thread and never calls MLX: the
 generation thread hands it numpy views of evaluated arrays (`host_view`, zero
@@ -33,8 +36,9 @@ import mlx.core as mx
 import numpy as np
 
 FORMAT = "stable-prefix-kv"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 TOKENS = "tokens"
+HEADER_CRC = "header_crc32"
 # A header is a few KB (a name, dtype, shape and offsets per tensor); anything
 # far larger is not one of ours.
 MAX_HEADER_BYTES = 16 * 2**20
@@ -149,6 +153,7 @@ def prepare_snapshot(identity: str, tokens: list[int] | np.ndarray, prompt_lengt
         "prompt_length": str(prompt_length),
         "crc32": json.dumps({name: checksum(array.data) for name, array in ordered.items()}),
     }
+    header["__metadata__"][HEADER_CRC] = str(_header_checksum(header))
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # safetensors pads the header to 8 bytes
     return PreparedSnapshot(struct.pack("<Q", len(encoded)) + encoded, [array.data for array in ordered.values()])
@@ -180,8 +185,11 @@ def read_header(path: Path, identity: str) -> SnapshotHeader:
             header = json.loads(file.read(header_bytes))
         except ValueError as error:
             raise SnapshotFileError(f"header is not JSON ({error})") from error
-        metadata = header.pop("__metadata__", None) if isinstance(header, dict) else None
+        metadata = header.get("__metadata__") if isinstance(header, dict) else None
         _check_metadata(metadata, identity)
+        if metadata[HEADER_CRC] != str(_header_checksum(header)):
+            raise SnapshotFileError("the header fails its checksum")
+        header.pop("__metadata__")
         data_start = 8 + header_bytes
         data_bytes = _check_tensors(header)
         if data_start + data_bytes != file_bytes:
@@ -227,7 +235,7 @@ def _check_metadata(metadata: Any, identity: str) -> None:
         raise SnapshotFileError(f"format version {metadata.get('format_version')!r}, this build reads {FORMAT_VERSION}")
     if metadata.get("identity") != identity:
         raise SnapshotFileError("written for another model identity")
-    for key in ("prompt_length", "crc32", "layers"):
+    for key in ("prompt_length", "crc32", "layers", HEADER_CRC):
         if not isinstance(metadata.get(key), str):
             raise SnapshotFileError(f"metadata {key!r} is missing")
     try:
@@ -236,6 +244,13 @@ def _check_metadata(metadata: Any, identity: str) -> None:
             raise ValueError("not an object")
     except ValueError as error:
         raise SnapshotFileError(f"metadata is malformed ({error})") from error
+
+
+def _header_checksum(header: dict[str, Any]) -> int:
+    """CRC-32 of the header (tensors and metadata) without its own checksum, in one canonical JSON form."""
+    metadata = {key: value for key, value in header["__metadata__"].items() if key != HEADER_CRC}
+    canonical = json.dumps({**header, "__metadata__": metadata}, sort_keys=True, separators=(",", ":"))
+    return zlib.crc32(canonical.encode())
 
 
 def _check_tensors(header: dict[str, Any]) -> int:

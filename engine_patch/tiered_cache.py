@@ -1,11 +1,13 @@
 """The RAM prefix cache with the disk tier under it, behind PrefixCache's interface.
 
-A request first asks both tiers how much of its prompt they hold (the disk
-from its index, without reading KV bytes). If a disk snapshot holds more, it
-is loaded and enters the RAM cache like any finished request's state (same
-budget, LRU and trimming rules); the request is then served from RAM. Every
-state the RAM cache keeps is also queued for the disk, whose writer works off
-the request path.
+A request first asks both tiers how much of its prompt they can restore (the
+disk from its index, without reading KV bytes; both by the same rule, so a
+positional model's file with no checkpoint inside the common prefix is never
+loaded). If a disk snapshot restores more, the whole entry (end state and
+checkpoints) is loaded and admitted to the RAM cache (same budget, LRU and
+dominance rules; a checkpoint RAM already holds is shared, not doubled); the
+request is then served from RAM. Every entry the RAM cache keeps is also queued
+for the disk, whose writer works off the request path.
 
 A disk fault never reaches the request: the disk tier counts and logs it and
 the request takes what RAM has.
@@ -16,7 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
 
+from .cache_layers import positional_indices
 from .disk_tier import DiskTier
 from .prefix_cache import Checkpoint, Fetched, PrefixCache
 
@@ -38,23 +42,24 @@ class TieredCache:
         return fetched
 
     def _load_if_longer(self, model: Any, prompt_tokens: list[int]) -> int | None:
-        """Load the disk's best snapshot into RAM if it reuses more than RAM alone.
+        """Load the disk's best entry into RAM if it restores more of the prompt than RAM alone.
 
-        Returns what RAM alone would have reused when a snapshot was loaded, else None.
+        Returns what RAM alone would have reused when an entry was loaded, else None.
         """
-        usable = len(prompt_tokens) - 1  # the last prompt token is always prefilled
+        prompt = np.asarray(prompt_tokens, dtype=np.int64)
+        positional = bool(positional_indices(make_prompt_cache(model)))
         try:
-            match = self.disk.longest_prefix(model, np.asarray(prompt_tokens, dtype=np.int64))
+            match = self.disk.longest_restorable_prefix(model, prompt, positional)
         except Exception as error:
             self.disk.count_error("looking up the disk index", error)
             return None
-        ram_reuse = min(self.ram.longest_prefix(prompt_tokens), usable)
-        if match is None or min(match.length, usable) <= ram_reuse:
+        ram_reuse = self.ram.restorable_prefix(prompt, positional)
+        if match is None or match.length <= ram_reuse:
             return None
         loaded = self.disk.load(match)
         if loaded is None:
             return None
-        self.ram.store(loaded.tokens, loaded.layers, loaded.prompt_length)
+        self.ram.admit(loaded.entry)
         return ram_reuse
 
     def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None, checkpoints: list[Checkpoint] = ()) -> None:
@@ -64,7 +69,7 @@ class TieredCache:
             return
         entry = self.ram.newest_entry()
         try:
-            self.disk.submit(self._model, entry.tokens, entry.layers, entry.prompt_length)
+            self.disk.submit(self._model, entry)
         except Exception as error:
             self.disk.count_error("queueing a snapshot for the disk", error)
 

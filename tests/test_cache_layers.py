@@ -20,16 +20,29 @@ MLX_LM_032 = REPO_ROOT / "build" / "mlx-lm-0.32"
 FAMILIES = ["qwen2", "qwen3_5", "gpt_oss", "gemma3_text", "nemotron_h"]
 
 
+def assert_exact(checked: dict, family: str) -> None:
+    assert checked["reused"] == cache_core_check.CHECKPOINT_AT, family
+    assert checked["restored_equals_split"] and checked["second_restore_equals_first"], family
+    # The same entry after a restart, from disk: same position, same bits, same bytes held.
+    assert checked["disk_loads"] == 1 and checked["disk_errors"] == 0, family
+    assert checked["reused_after_restart"] == cache_core_check.CHECKPOINT_AT, family
+    assert checked["from_disk_equals_split"], family
+    assert checked["bytes_after_restart"] == checked["bytes"], family
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_restored_checkpoint_continues_bit_for_bit_on_the_installed_mlx_lm(family):
-    result = cache_core_check.check(family)
-    assert result["reused"] == cache_core_check.CHECKPOINT_AT
-    assert result["restored_equals_split"]
-    assert result["second_restore_equals_first"]
+def test_a_restored_checkpoint_continues_bit_for_bit_on_the_installed_mlx_lm(family, tmp_path):
+    assert_exact(cache_core_check.check(family, tmp_path), family)
+
+
+@pytest.mark.parametrize("kind", cache_core_check.LAYER_KINDS)
+def test_a_layer_kind_no_tiny_model_has_comes_back_from_its_arrays_as_it_was(kind):
+    assert cache_core_check.serialized_layer_continues_like_the_original(cache_core_check.LAYER_KINDS[kind])
 
 
 def test_a_restored_checkpoint_continues_bit_for_bit_on_mlx_lm_0_32():
-    """mlx-lm 0.32 changed the cache API (no meta_state; state carries offsets and padded buffers)."""
+    """mlx-lm 0.32 changed the cache API (no meta_state; state carries offsets and padded buffers):
+    snapshots, checkpoints and the disk tier's files on it."""
     if not (MLX_LM_032 / "mlx_lm").exists():
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(MLX_LM_032), "mlx-lm==0.32.2"],
                        check=True)
@@ -40,9 +53,8 @@ def test_a_restored_checkpoint_continues_bit_for_bit_on_mlx_lm_0_32():
     result = json.loads(output.strip().splitlines()[-1])
     assert result["mlx_lm"].startswith("0.32") and result["meta_state_api"] is False
     for family in FAMILIES:
-        checked = result["families"][family]
-        assert checked["reused"] == cache_core_check.CHECKPOINT_AT, family
-        assert checked["restored_equals_split"] and checked["second_restore_equals_first"], family
+        assert_exact(result["families"][family], family)
+    assert result["layer_kinds"] == {kind: True for kind in cache_core_check.LAYER_KINDS}
 
 
 def filled_rotating(window: int, tokens: int) -> RotatingKVCache:

@@ -139,7 +139,7 @@ def test_a_lookup_reads_token_ids_only(model, open_tier, monkeypatch):
         raise AssertionError("a lookup read KV bytes")
 
     monkeypatch.setattr(disk_tier_module, "load_arrays", no_kv_reads)
-    match = tier.longest_prefix(model, np.asarray(tokens(1, 200) + [7]))
+    match = tier.longest_restorable_prefix(model, np.asarray(tokens(1, 200) + [7]), positional=False)
     assert match is not None and match.length == 200
 
 
@@ -166,7 +166,7 @@ def test_another_model_never_loads_the_first_one_s_snapshots(model, other_model,
     written(open_tier(model), model, conversation)
     first_files = snapshot_files(directory)
     other = open_tier(other_model, OTHER_SEED_MODEL)
-    assert other.longest_prefix(other_model, np.asarray(conversation + [1])) is None
+    assert other.longest_restorable_prefix(other_model, np.asarray(conversation + [1]), positional=False) is None
     reused, _ = serve(tiered(other), other_model, conversation + [1])
     assert reused == 0 and other.stats()["disk_loads"] == 0
     assert other.flush(timeout=60)
@@ -446,7 +446,7 @@ def test_a_snapshot_evicted_by_another_server_between_lookup_and_load_is_a_miss(
     conversation = tokens(1, 100)
     written(open_tier(model), model, conversation)
     reader, evicter = open_tier(model), open_tier(model)
-    match = reader.longest_prefix(model, np.asarray(conversation + [1]))
+    match = reader.longest_restorable_prefix(model, np.asarray(conversation + [1]), positional=False)
     assert match is not None
     evicter.clear()
     assert reader.load(match) is None
