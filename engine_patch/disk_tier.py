@@ -132,7 +132,9 @@ class DiskTier:
         self.files = SnapshotDirectory(self.directory, self.budget_bytes, self.free_space)
         self.directory = self.files.path
         self._lock = threading.Condition()
-        self._identities: dict[int, Future] = {}
+        # By id(model), holding the model: a freed model's address may be reused by
+        # another, which must never inherit its identity.
+        self._identities: dict[int, tuple[Any, Future]] = {}
         self._index: dict[str, dict[str, IndexEntry]] = {}
         self._queue: collections.deque[PendingWrite] = collections.deque()
         self._writing = False
@@ -155,7 +157,7 @@ class DiskTier:
         looked up and written once that is done."""
         loaded = loaded_model_description(model)
         identity: Future = Future()
-        self._identities[id(model)] = identity
+        self._identities[id(model)] = (model, identity)
         threading.Thread(target=lambda: identity.set_result(self._identify_model(Path(model_dir), loaded)),
                          name="kv-disk-identity", daemon=True).start()
 
@@ -181,18 +183,24 @@ class DiskTier:
         """Use `identity` for `model` (a caller that knows it already: the restore benchmark)."""
         known: Future = Future()
         known.set_result(identity)
-        self._identities[id(model)] = known
+        self._identities[id(model)] = (model, known)
 
     def identity_for(self, model: Any, wait: float | None = 0) -> ModelIdentity | None:
-        future = self._identities.get(id(model))
+        future = self._identity_future(model)
         if future is None:
             return None
         with contextlib.suppress(TimeoutError):
             return future.result(timeout=wait)
         return None
 
+    def _identity_future(self, model: Any) -> Future | None:
+        return self._identities.get(id(model), (None, None))[1]
+
+    def _identity_futures(self) -> list[Future]:
+        return [future for _, future in list(self._identities.values())]
+
     def _known_identities(self) -> list[ModelIdentity]:
-        return [future.result() for future in list(self._identities.values()) if future.done() and future.result()]
+        return [future.result() for future in self._identity_futures() if future.done() and future.result()]
 
     # --- lookups and loads (generation thread) ----------------------------------
 
@@ -249,7 +257,7 @@ class DiskTier:
 
     def submit(self, model: Any, entry: CachedPrefix) -> None:
         """Queue a RAM entry (end state and checkpoints) for writing; returns at once (its arrays are evaluated)."""
-        future = self._identities.get(id(model))
+        future = self._identity_future(model)
         if future is None or (future.done() and future.result() is None):
             return
         arrays, metadata = entry_to_arrays(entry)
@@ -455,7 +463,7 @@ class DiskTier:
         with self._lock:
             counters = dict(vars(self.counters))
             pending = len(self._queue) + int(self._writing)
-        identities = [future.result() if future.done() else None for future in list(self._identities.values())]
+        identities = [future.result() if future.done() else None for future in self._identity_futures()]
         own_folders = {identity.key[:32] for identity in identities if identity}
         return {
             "disk_enabled": True,

@@ -23,6 +23,7 @@ every message with a special token (ChatML `<|im_start|>`, Gemma
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -41,16 +42,17 @@ MESSAGE_START_TOKENS = (
     "<｜Assistant｜>",
 )
 
-_start_ids: dict[int, np.ndarray] = {}
+# By tokenizer object, not id(): a tokenizer loaded after another was freed may
+# get its address, and with it the wrong family's message starts.
+_start_ids: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
 
 
 def message_start_ids(tokenizer: Any) -> np.ndarray:
     """The ids of the message-start special tokens this tokenizer has."""
-    key = id(tokenizer)
-    if key not in _start_ids:
+    if tokenizer not in _start_ids:
         vocabulary = tokenizer.get_vocab()
-        _start_ids[key] = np.array([vocabulary[token] for token in MESSAGE_START_TOKENS if token in vocabulary], dtype=np.int64)
-    return _start_ids[key]
+        _start_ids[tokenizer] = np.array([vocabulary[token] for token in MESSAGE_START_TOKENS if token in vocabulary], dtype=np.int64)
+    return _start_ids[tokenizer]
 
 
 def message_starts(tokens: list[int], start_ids: np.ndarray) -> list[int]:

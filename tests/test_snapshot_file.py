@@ -123,7 +123,24 @@ def newer_format(data: bytes) -> bytes:
     return struct.pack("<Q", len(encoded)) + encoded + data[8 + header_length :]
 
 
-DAMAGE = [truncated, grown, garbled_header, flipped_kv_byte, flipped_token_byte, empty, huge_header_length, newer_format]
+def edited_header_value(data: bytes) -> bytes:
+    """Still a well-formed header, one value changed (a checkpoint position would be one): only its checksum tells."""
+    (header_length,) = struct.unpack("<Q", data[:8])
+    header = data[8 : 8 + header_length].replace(b'"prompt_length":"40"', b'"prompt_length":"39"')
+    assert header != data[8 : 8 + header_length]
+    return data[:8] + header + data[8 + header_length :]
+
+
+def older_format(data: bytes) -> bytes:
+    """A file of format version 1 (an end state without checkpoints) is foreign, never misread."""
+    (header_length,) = struct.unpack("<Q", data[:8])
+    header = data[8 : 8 + header_length].replace(b'"format_version":"2"', b'"format_version":"1"')
+    assert header != data[8 : 8 + header_length]
+    return data[:8] + header + data[8 + header_length :]
+
+
+DAMAGE = [truncated, grown, garbled_header, flipped_kv_byte, flipped_token_byte, empty, huge_header_length, newer_format,
+          edited_header_value, older_format]
 
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=[d.__name__ for d in DAMAGE])
