@@ -4,6 +4,8 @@ One server answers the first turn of a conversation and is killed with
 SIGKILL once its snapshot is on disk; servers started afterwards on the same
 directory answer the next turn. Greedy answers are compared token for token
 (text and count) with vllm-mlx as shipped, which has no cache to restore.
+The same restart with the Qwen3.5-shaped hybrid, whose files hold checkpoints
+of its recurrent layers, closes the module.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import requests
 
 from stable_prefix.addons.capture import RECORD_FORMAT
 from tests.support.llm_client import cache_stats, send
-from tests.support.models import OTHER_SEED_MODEL, TEST_MODEL, require_model
+from tests.support.models import OTHER_SEED_MODEL, REPO_ROOT, TEST_MODEL, require_model
 from tests.support.processes import VENV_BIN, free_port, http_ok, running
 
 pytestmark = pytest.mark.server
@@ -38,6 +40,8 @@ NEXT_TURN = FIRST_TURN + [
         {"type": "tool_result", "tool_use_id": "toolu_01", "content": "def handler(request):\n    return service(request)\n"}]},
 ]
 NEW_CONVERSATION = [{"role": "user", "content": "Start over: list the tests that cover the handler."}]
+# Gated DeltaNet + attention: restorable only at its checkpoints (prefix_cache.py).
+HYBRID_MODEL = REPO_ROOT / "build" / "tiny-qwen3_5"
 
 
 def body(messages: list[dict], stream: bool = False, max_tokens: int = 12) -> dict:
@@ -72,15 +76,27 @@ def prompt_tokens(usage: dict) -> int:
     return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
 
 
-@pytest.fixture(scope="module")
-def snapshot_dir(tmp_path_factory):
+def killed_after_one_turn(tmp_path_factory, model=TEST_MODEL):
     """A directory holding what a server left when it was killed with SIGKILL after one turn."""
     directory = tmp_path_factory.mktemp("kv")
-    with engine(tmp_path_factory.mktemp("first-life"), "first-life", "--prefix-cache-dir", str(directory)) as server:
+    with engine(tmp_path_factory.mktemp("first-life"), "first-life", "--prefix-cache-dir", str(directory), model=model) as server:
         send(server.url, "/v1/messages", body(FIRST_TURN))
         wait_for_disk_writes(server.url, 1)
         kill_9(server)
     return directory
+
+
+def next_turn_then_new_conversation(server):
+    """A restarted server's first requests: the next turn (from disk), then a new conversation."""
+    next_turn = send(server.url, "/v1/messages", body(NEXT_TURN, stream=True))
+    stats_after_next_turn = cache_stats(server.url)
+    new_conversation = send(server.url, "/v1/messages", body(NEW_CONVERSATION))
+    return next_turn, stats_after_next_turn, new_conversation
+
+
+@pytest.fixture(scope="module")
+def snapshot_dir(tmp_path_factory):
+    return killed_after_one_turn(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +114,7 @@ def restarted(tmp_path_factory, snapshot_dir):
 
 @pytest.fixture(scope="module")
 def restored_answers(restarted):
-    """The restarted server's first requests: the next turn (from disk), then a new conversation."""
-    next_turn = send(restarted.url, "/v1/messages", body(NEXT_TURN, stream=True))
-    stats_after_next_turn = cache_stats(restarted.url)
-    new_conversation = send(restarted.url, "/v1/messages", body(NEW_CONVERSATION))
-    return next_turn, stats_after_next_turn, new_conversation
+    return next_turn_then_new_conversation(restarted)
 
 
 def test_after_a_kill_9_and_a_restart_the_next_turn_is_restored_from_disk_and_answers_as_cold(restored_answers, shipped):
@@ -188,3 +200,23 @@ def test_the_warm_command_names_each_file_it_could_not_send_and_fails(tmp_path):
                              "--url", f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert f"{missing}: cannot read it" in result.stderr and f"{not_a_request}: a JSON list" in result.stderr
+
+
+# --- a hybrid model: what comes back from disk is checkpoints -------------------------
+
+
+def test_a_hybrid_model_killed_and_restarted_restores_the_next_turn_and_the_head_and_answers_as_cold(tmp_path_factory):
+    directory = killed_after_one_turn(tmp_path_factory, HYBRID_MODEL)
+    with engine(tmp_path_factory.mktemp("hybrid-restarted"), "hybrid-restarted", "--prefix-cache-dir", str(directory),
+                model=HYBRID_MODEL) as server:
+        next_turn, stats, new_conversation = next_turn_then_new_conversation(server)
+    with engine(tmp_path_factory.mktemp("hybrid-shipped"), "hybrid-shipped", "--no-prefix-cache", model=HYBRID_MODEL) as server:
+        shipped_next_turn = send(server.url, "/v1/messages", body(NEXT_TURN, stream=True))
+        shipped_new_conversation = send(server.url, "/v1/messages", body(NEW_CONVERSATION))
+    for restored, shipped in ((next_turn, shipped_next_turn), (new_conversation, shipped_new_conversation)):
+        assert restored.text == shipped.text and restored.usage["output_tokens"] == shipped.usage["output_tokens"]
+    assert stats["disk_hits"] == 1 and stats["disk_errors"] == 0 and not stats["disabled_reasons"]
+    # The next turn resumes where the first turn's prompt left off (its generation prompt), the new
+    # conversation at the system + tools head: both checkpoints, both from the killed server's file.
+    assert next_turn.usage["cache_read_input_tokens"] > prompt_tokens(next_turn.usage) // 2
+    assert 0 < new_conversation.usage["cache_read_input_tokens"] < next_turn.usage["cache_read_input_tokens"]
