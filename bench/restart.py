@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.bench.replay import LogFollower, Measured, cache_stats
+from stable_prefix.bench.run import model_description
 from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
 from stable_prefix.bench.stack import PRODUCT, Configuration, cpu_description, started
 from stable_prefix.tools.servers import REPO_ROOT
@@ -327,7 +328,7 @@ def _n(value: int | None) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"Restart scenario (`{result['command']}`, {result['generated_at']}, {result['duration_s']:.0f} s, {result['machine']}); "
-             f"model {result['model']}; session scale {result['scale']}: {result['requests_before']} requests of the first "
+             f"model {result['model']} ({result['model_description']}); session scale {result['scale']}: {result['requests_before']} requests of the first "
              "conversation, a restart, then either the interrupted conversation's next requests (resume) or a new "
              "conversation's first requests; no warm-up request after a start.", ""]
     lines += ["| configuration | shutdown | after the restart | first main request: prompt tokens | reusable at best | cold TTFT | restored TTFT | restored / cold | tokens reused (restored) | from disk |",
@@ -414,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join(["python", "-m", "stable_prefix.bench.restart", *(argv if argv is not None else sys.argv[1:])]),
         "machine": f"{cpu_description()}, {platform.system()}",
         "model": str(args.model.relative_to(REPO_ROOT) if args.model.is_relative_to(REPO_ROOT) else args.model),
+        "model_description": model_description(args.model)["description"],
         "scale": args.scale,
         "requests_before": len(before),
         "scenarios": {name: {"what": SCENARIOS[name], "requests": [request.index for request in requests]} for name, requests in scenarios.items()},

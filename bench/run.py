@@ -17,8 +17,10 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import platform
 import shlex
+import struct
 import sys
 import time
 from pathlib import Path
@@ -223,21 +225,38 @@ def run_interleaved(
 
 
 def model_description(model_dir: Path) -> dict[str, Any]:
+    """What the model is, from its config.json and its weight files' headers (any architecture).
+
+    Models under build/ are the project's random-weight builds (tools/build_tiny_model.py).
+    """
     config = json.loads((model_dir / "config.json").read_text())
-    hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-    head_dim = hidden // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * head_dim
-    per_layer = hidden * (hidden + 2 * kv + hidden) + 3 * hidden * config["intermediate_size"]
-    parameters = vocab * hidden + layers * per_layer
+    text_config = config.get("text_config", config)
+    layers, hidden = text_config["num_hidden_layers"], text_config["hidden_size"]
+    parameters = stored_parameters(model_dir)
+    dtype = text_config.get("torch_dtype") or config.get("torch_dtype") or "unknown dtype"
+    random_weight = "random-weight " if model_dir.resolve().is_relative_to(REPO_ROOT / "build") else ""
     return {
         "path": str(model_dir.relative_to(REPO_ROOT) if model_dir.is_relative_to(REPO_ROOT) else model_dir),
+        "model_type": config["model_type"],
+        "dtype": dtype,
         "layers": layers,
         "hidden_size": hidden,
-        "attention_heads": config["num_attention_heads"],
-        "kv_heads": config["num_key_value_heads"],
+        "attention_heads": text_config.get("num_attention_heads"),
+        "kv_heads": text_config.get("num_key_value_heads"),
         "parameters_approx": parameters,
-        "description": f"random-weight Qwen2, {layers} layers, hidden {hidden}, ~{parameters / 1e6:.1f}M parameters",
+        "description": f"{random_weight}{config['model_type']}, {layers} layers, hidden {hidden}, {dtype}, ~{parameters / 1e6:.1f}M parameters",
     }
+
+
+def stored_parameters(model_dir: Path) -> int:
+    """Values in the model's safetensors files, from their headers (quantized weights count as packed)."""
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with open(path, "rb") as file:
+            (header_length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(header_length))
+        total += sum(math.prod(tensor["shape"]) for name, tensor in header.items() if name != "__metadata__")
+    return total
 
 
 def notable_requests(requests: list[Request]) -> list[dict[str, Any]]:
