@@ -370,13 +370,18 @@ def _restored(entry: CachedPrefix, length: int) -> list[Any]:
 
 def _inherited(dominated: list[CachedPrefix], tokens: np.ndarray) -> list[Checkpoint]:
     """The checkpoints of replaced entries inside the prefix they share with `tokens` (still valid there)."""
-    return [c for entry in dominated for c in entry.checkpoints if c.position <= common_prefix_length(entry.tokens, tokens)]
+    inherited = []
+    for entry in dominated:
+        shared = common_prefix_length(entry.tokens, tokens)
+        inherited += [c for c in entry.checkpoints if c.position <= shared]
+    return inherited
 
 
 def _sharing_checkpoints_with(entry: CachedPrefix, held: Iterable[CachedPrefix]) -> CachedPrefix:
     """`entry` with each checkpoint that `held` entries already have (by key) replaced by theirs."""
     known = {c.key: c for other in held for c in other.checkpoints}
-    replaced = {id(c): known[c.key] for c in entry.checkpoints if c.key in known and known[c.key] is not c}
+    replaced = {id(c): known[c.key] for c in entry.checkpoints
+                if c.key in known and known[c.key] is not c and known[c.key].position == c.position}
     if not replaced:
         return entry
     layers = list(entry.layers)

@@ -210,6 +210,30 @@ def test_a_state_larger_than_the_budget_is_trimmed_to_fit(model):
     assert cache.fetch(model, prompt + [1]).reused == 25
 
 
+def test_an_admitted_entry_follows_the_store_rules_and_replaces_the_turn_it_repeats(model):
+    """An entry made elsewhere (loaded from disk) replaces a RAM entry whose whole prompt it holds."""
+    turn1 = tokens(1, 30)
+    ram = PrefixCache(budget_bytes=10**9)
+    ram.store(turn1, prefilled(model, turn1))
+    elsewhere = PrefixCache(budget_bytes=10**9)
+    turn2 = turn1 + tokens(2, 20)
+    elsewhere.store(turn2, prefilled(model, turn2))
+    ram.admit(elsewhere.newest_entry())
+    assert ram.stats()["entry_tokens"] == [50]
+    assert ram.fetch(model, turn2 + [1]).reused == 50
+
+
+def test_an_admitted_entry_larger_than_the_budget_keeps_the_longest_prefix_that_fits(model):
+    per_token = bytes_per_token(model)
+    elsewhere = PrefixCache(budget_bytes=10**9)
+    prompt = tokens(1, 40)
+    elsewhere.store(prompt, prefilled(model, prompt))
+    ram = PrefixCache(budget_bytes=25 * per_token)
+    ram.admit(elsewhere.newest_entry())
+    assert ram.stats()["entry_tokens"] == [25] and ram.stats()["bytes"] <= 25 * per_token
+    assert ram.fetch(model, prompt + [1]).reused == 25
+
+
 @pytest.mark.parametrize("length", [40, 1000], ids=["copied-snapshot", "shared-buffer-snapshot"])
 def test_a_restored_cache_never_writes_into_the_snapshot(model, length):
     cache = PrefixCache(budget_bytes=10**9)
