@@ -52,8 +52,9 @@ DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
 DEFAULT_SCALE, QUICK_SCALE, FULL_SCALE = 0.2, 0.04, 1.0
 DEFAULT_CONFIGS, QUICK_CONFIGS = "1,2,3,4,5,6,7", "1,2,3,4,6,7"
 # Full size: the product, the batched anchor behind the addon, and vllm-mlx as shipped;
-# the session is cut to its first FULL_LIMIT requests (never its prompt sizes), plus the fan-out group.
-FULL_CONFIGS, FULL_LIMIT = "4,7,1", 24
+# the session is cut to its first FULL_LIMIT requests (never its prompt sizes): the fan-out group, the
+# ToolSearch load and the first request of the new conversation after the commit are among them.
+FULL_CONFIGS, FULL_LIMIT = "4,7,1", 25
 
 
 def as_received(body: dict, behind_addon: bool) -> dict:
@@ -313,7 +314,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     size.add_argument("--quick", action="store_true", help=f"reduced session (scale {QUICK_SCALE}, configurations {QUICK_CONFIGS}) for CI-sized checks")
     size.add_argument(
         "--full", action="store_true",
-        help=f"real Claude Code size (scale {FULL_SCALE}, configurations {FULL_CONFIGS}, first {FULL_LIMIT} requests + the fan-out group) -> full.*",
+        help=f"real Claude Code size (scale {FULL_SCALE}, configurations {FULL_CONFIGS}, first {FULL_LIMIT} requests) -> full.*",
     )
     parser.add_argument("--scale", type=float, help=f"session scale; default {DEFAULT_SCALE} ({QUICK_SCALE} with --quick, {FULL_SCALE} with --full); 1.0 = full size")
     parser.add_argument("--seed", type=int, default=0)

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from stable_prefix.tools import claude_code, claude_code_router
+from tests.support.agent_stack import Stack, running_stack
 from tests.support.models import require_model
-from tests.support.processes import VENV_BIN, Server, free_port, http_ok, mitmdump_command, running
+from tests.support.processes import free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -40,59 +39,22 @@ MIN_REUSED_SHARE = 0.9
 TURN_TIMEOUT_S = 600.0
 
 
-@dataclass
-class Stack:
-    engine: Server
-    proxy: Server
-    door_record: Path
-    captures_dir: Path
-
-    def cache_stats(self) -> dict:
-        with urllib.request.urlopen(f"{self.engine.url}/v1/cache/stats", timeout=10) as response:
-            return json.load(response)
-
-    def arrived(self) -> list[dict]:
-        """Every finished chat completion, as the engine's door saw it (complete lines only)."""
-        if not self.door_record.exists():
-            return []
-        lines = self.door_record.read_text().split("\n")[:-1]
-        return [record for record in map(json.loads, filter(str.strip, lines)) if record["path"].split("?")[0] == CHAT_PATH]
-
-    def captures(self) -> list[dict]:
-        paths = sorted(self.captures_dir.glob("*/[0-9]*-*.json"))
-        return sorted((json.loads(path.read_text()) for path in paths), key=lambda record: record["seq"])
-
-
 @pytest.fixture(scope="module")
-def binaries() -> tuple[Path, Path]:
+def router_cli() -> Path:
     try:
-        return claude_code.install(), claude_code_router.install()
+        return claude_code_router.install()
     except claude_code.ClaudeCodeUnavailable as error:
         pytest.fail(f"the claude-code-router end-to-end test cannot run: {error}", pytrace=False)
 
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    model = require_model()
-    logs, door_record, captures_dir = tmp_path / "logs", tmp_path / "arrived-at-engine.jsonl", tmp_path / "captures"
-    engine_port, door_port, proxy_port = free_port(), free_port(), free_port()
-    engine_command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(model), "--host", "127.0.0.1",
-                      "--port", str(engine_port), "--served-model-name", SERVED_MODEL, "--max-tokens", str(ANSWER_TOKENS)]
-    door_command = mitmdump_command(["tests/support/upstream_recorder.py"], f"http://127.0.0.1:{engine_port}", door_port,
-                                    {"record_path": door_record})
-    proxy_command = mitmdump_command(["addons/strip_billing.py", "addons/capture.py"], f"http://127.0.0.1:{door_port}", proxy_port,
-                                     {"upstream_model": SERVED_MODEL, "max_tokens_cap": ANSWER_TOKENS, "capture_dir": captures_dir})
-    with (
-        running("engine", engine_command, port=engine_port, log_dir=logs, ready=lambda: http_ok(f"http://127.0.0.1:{engine_port}/v1/models")) as engine,
-        running("door", door_command, port=door_port, log_dir=logs),
-        running("proxy", proxy_command, port=proxy_port, log_dir=logs) as proxy,
-    ):
-        yield Stack(engine, proxy, door_record, captures_dir)
+    with running_stack(tmp_path, require_model(), SERVED_MODEL, ANSWER_TOKENS, CHAT_PATH) as started:
+        yield started
 
 
 @pytest.fixture
-def router(stack: Stack, binaries: tuple[Path, Path], tmp_path: Path) -> Iterator[claude_code_router.Router]:
-    claude_binary, router_cli = binaries
+def router(stack: Stack, claude_binary: Path, router_cli: Path, tmp_path: Path) -> Iterator[claude_code_router.Router]:
     sandbox = claude_code.Sandbox.create(tmp_path / "claude")
     router = claude_code_router.Router.create(
         router_cli, tmp_path / "ccr", claude_config_dir=sandbox.config_dir, workdir=sandbox.workdir,
@@ -102,19 +64,6 @@ def router(stack: Stack, binaries: tuple[Path, Path], tmp_path: Path) -> Iterato
         yield router
     finally:
         router.stop_service()
-
-
-def wait_until_quiet(stack: Stack, quiet_s: float = 3.0, timeout: float = 60.0) -> None:
-    """Until the proxy's captures and the engine's door agree and nothing new arrived for `quiet_s`."""
-    deadline, last, changed = time.monotonic() + timeout, None, time.monotonic()
-    while time.monotonic() < deadline:
-        counts = (len(stack.arrived()), len(stack.captures()))
-        if counts != last:
-            last, changed = counts, time.monotonic()
-        elif counts[0] == counts[1] and time.monotonic() - changed >= quiet_s:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"requests still in flight after {timeout:.0f}s (engine door, captures): {last}")
 
 
 def cached_tokens(usage: dict) -> int:
@@ -128,7 +77,7 @@ def test_a_multi_turn_conversation_through_the_router_reuses_its_prefix_and_neve
         result = router.code(prompt, continue_conversation=index > 0, timeout=TURN_TIMEOUT_S)
         assert result.returncode == 0, f"ccr code turn {index + 1} failed:\n{result.stdout}\n{result.stderr}"
         reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
-    wait_until_quiet(stack)
+    stack.wait_until_quiet(timeout=TURN_TIMEOUT_S)
     arrived, captures = stack.arrived(), stack.captures()
     with capsys.disabled():  # the run's evidence, shown when it passes too
         print(f"\nccr code -p, then --continue: {len(captures)} requests in {time.monotonic() - started:.1f}s")

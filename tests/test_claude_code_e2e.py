@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +30,15 @@ from pathlib import Path
 import pytest
 
 from stable_prefix.tools import claude_code
-from tests.support.processes import REPO_ROOT, VENV_BIN, Server, free_port, http_ok, mitmdump_command, running
+from tests.support import agent_stack
+from tests.support.agent_stack import Stack
+from tests.support.processes import REPO_ROOT
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 TINY_MODEL = REPO_ROOT / "build" / "tiny-model"
 SERVED_MODEL = "tiny-model"
+MESSAGES_PATH = "/v1/messages"
 # The tiny model talks nonsense; a few tokens per answer keep a turn at the cost of its prefill.
 ANSWER_TOKENS = 16
 BILLING_HEADER = "x-anthropic-billing-header"
@@ -48,35 +50,6 @@ INTERACTIVE_TURNS = ["What is the capital of France?", "And of Italy?"]
 COLD_TURN_TIMEOUT_S = 600.0
 
 
-@dataclass
-class Stack:
-    engine: Server
-    proxy: Server
-    door_record: Path
-    captures_dir: Path
-
-    def cache_stats(self) -> dict:
-        with urllib.request.urlopen(f"{self.engine.url}/v1/cache/stats", timeout=10) as response:
-            return json.load(response)
-
-    def arrived(self) -> list[dict]:
-        """Every finished /v1/messages exchange, as the engine's door saw it."""
-        if not self.door_record.exists():
-            return []
-        # The recorder may be writing right now: only newline-terminated lines are complete.
-        complete_lines = self.door_record.read_text().split("\n")[:-1]
-        records = [json.loads(line) for line in complete_lines if line.strip()]
-        return [record for record in records if record["path"].split("?")[0] == "/v1/messages"]
-
-
-@pytest.fixture(scope="module")
-def claude_binary() -> Path:
-    try:
-        return claude_code.install()
-    except claude_code.ClaudeCodeUnavailable as error:
-        pytest.fail(f"the Claude Code end-to-end test cannot run: {error}", pytrace=False)
-
-
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     with running_stack(tmp_path) as started:
@@ -85,59 +58,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 @contextlib.contextmanager
 def running_stack(tmp_path: Path, script: list[dict] | None = None) -> Iterator[Stack]:
-    """Engine, door and proxy; `script`: tool calls the door puts in place of the engine's answers."""
-    if not (TINY_MODEL / "config.json").exists():
-        pytest.fail(f"{TINY_MODEL} is missing; run `make tiny-model` first", pytrace=False)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    logs = tmp_path / "logs"
-    door_record = tmp_path / "arrived-at-engine.jsonl"
-    captures_dir = tmp_path / "captures"
-    engine_port, door_port, proxy_port = free_port(), free_port(), free_port()
-    engine_command = [
-        str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(TINY_MODEL),
-        "--host", "127.0.0.1", "--port", str(engine_port),
-        "--served-model-name", SERVED_MODEL, "--max-tokens", str(ANSWER_TOKENS),
-    ]
-    engine_ready = lambda: http_ok(f"http://127.0.0.1:{engine_port}/v1/models")  # noqa: E731
-    door_scripts, door_options = ["tests/support/upstream_recorder.py"], {"record_path": door_record}
-    if script is not None:
-        (tmp_path / "script.json").write_text(json.dumps(script))
-        door_scripts.append("tests/support/scripted_tool_use.py")
-        door_options["scripted_tool_uses"] = tmp_path / "script.json"
-    door_command = mitmdump_command(door_scripts, f"http://127.0.0.1:{engine_port}", door_port, door_options)
-    proxy_options = {"upstream_model": SERVED_MODEL, "max_tokens_cap": ANSWER_TOKENS, "capture_dir": captures_dir}
-    proxy_command = mitmdump_command(["addons/strip_billing.py", "addons/capture.py"], f"http://127.0.0.1:{door_port}",
-                                     proxy_port, proxy_options)
-    with (
-        running("engine", engine_command, port=engine_port, log_dir=logs, ready=engine_ready) as engine,
-        running("door", door_command, port=door_port, log_dir=logs),
-        running("proxy", proxy_command, port=proxy_port, log_dir=logs) as proxy,
-    ):
-        yield Stack(engine=engine, proxy=proxy, door_record=door_record, captures_dir=captures_dir)
-
-
-def wait_until_quiet(stack: Stack, quiet_s: float = 3.0, timeout: float = COLD_TURN_TIMEOUT_S) -> None:
-    """Until the proxy and the engine's door agree and nothing new arrived for `quiet_s`."""
-    deadline = time.monotonic() + timeout
-    last_count, last_change = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        count = (len(stack.arrived()), len(capture_records(stack.captures_dir)))
-        if count != last_count:
-            last_count, last_change = count, time.monotonic()
-        elif count[0] == count[1] and time.monotonic() - last_change >= quiet_s:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"requests still in flight after {timeout:.0f}s (engine door, captures): {last_count}")
-
-
-# --- what the captures say -------------------------------------------------------------------------
-
-
-def capture_records(captures_dir: Path) -> list[dict]:
-    """The proxy's capture records (`addons/capture.py`), oldest first."""
-    paths = sorted(captures_dir.glob("*/[0-9][0-9][0-9][0-9]-*.json"))
-    records = [json.loads(path.read_text()) for path in paths]
-    return sorted(records, key=lambda record: record["seq"])
+    with agent_stack.running_stack(tmp_path, TINY_MODEL, SERVED_MODEL, ANSWER_TOKENS, MESSAGES_PATH, script) as started:
+        yield started
 
 
 def is_main_agent(request: dict) -> bool:
@@ -162,7 +84,7 @@ class Turn:
 
 def collect_turns(stack: Stack) -> list[Turn]:
     arrived = stack.arrived()
-    captures = capture_records(stack.captures_dir)
+    captures = stack.captures()
     assert len(captures) == len(arrived), (
         f"the proxy captured {len(captures)} /v1/messages requests, the engine received {len(arrived)}")
     turns = []
@@ -258,7 +180,7 @@ def test_print_mode_conversation_reuses_the_cache_on_every_continued_turn(stack:
         result = claude.print_turn(prompt, continue_conversation=index > 0, timeout=COLD_TURN_TIMEOUT_S)
         assert result.returncode == 0, f"claude -p turn {index + 1} failed:\n{result.stdout}\n{result.stderr}"
         reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
-    wait_until_quiet(stack)  # the proxy and the door write their records as the stream ends, maybe after claude exits
+    stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)  # the proxy and the door write their records as the stream ends, maybe after claude exits
     turns = collect_turns(stack)
     with capsys.disabled():  # the table is the run's evidence: show it even when the test passes
         print_table("claude -p, then --continue", turns, stack.cache_stats(), time.monotonic() - started)
@@ -286,7 +208,7 @@ def test_interactive_session_keeps_title_requests_in_their_own_lane(stack: Stack
                              f"the main-agent request of turn {number}", COLD_TURN_TIMEOUT_S)
             reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
         # A side request of the last turn may still be on its way.
-        wait_until_quiet(stack)
+        stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
     turns = collect_turns(stack)
     with capsys.disabled():
         print_table("interactive claude under tmux", turns, stack.cache_stats(), time.monotonic() - started)
@@ -318,7 +240,7 @@ def test_a_new_conversation_in_the_same_repository_reuses_its_prompt(stack: Stac
     stats_before = stack.cache_stats()
     second = claude.print_turn("Now say goodbye in one word.", timeout=COLD_TURN_TIMEOUT_S)
     assert second.returncode == 0, f"the second conversation failed:\n{second.stdout}\n{second.stderr}"
-    wait_until_quiet(stack)
+    stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
     turns = collect_turns(stack)
     stats = stack.cache_stats()
     with capsys.disabled():
@@ -352,7 +274,7 @@ def test_two_subagent_tasks_of_one_type_each_reuse_their_own_instances_prefix(cl
         started = time.monotonic()
         result = claude.print_turn("Explore this repository with two Explore agents at once.", timeout=2 * COLD_TURN_TIMEOUT_S)
         assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
-        wait_until_quiet(stack)
+        stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
         turns = collect_turns(stack)
         with capsys.disabled():
             print_table("claude -p starting two Explore subagents", turns, stack.cache_stats(), time.monotonic() - started)

@@ -302,14 +302,6 @@ def test_claude_without_a_running_stack_says_how_to_start_one(tmp_path):
     assert "no stack is running on port 18123" in result.stderr and "stable-prefix up MODEL --port 18123" in result.stderr
 
 
-@pytest.fixture(scope="module")
-def claude_binary() -> Path:
-    try:
-        return claude_code.install()
-    except claude_code.ClaudeCodeUnavailable as error:
-        pytest.fail(f"the Claude Code launch test cannot run: {error}", pytrace=False)
-
-
 def user_config(root: Path) -> dict[str, str]:
     """A user's Claude Code set-up that has never seen our token: onboarding done, no key approved."""
     home, config_dir, workdir = root / "home", root / "claude-config", root / "project"

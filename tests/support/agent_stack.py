@@ -1,0 +1,95 @@
+"""The stack an agent CLI talks to in the end-to-end tests, on 127.0.0.1.
+
+    CLI -> mitmdump (strip_billing + capture: our proxy)
+        -> mitmdump (tests/support/upstream_recorder.py: the engine's door, what really arrived;
+                     tests/support/scripted_tool_use.py too when the test scripts tool calls)
+        -> python -m stable_prefix.engine_patch serve MODEL (the patched engine)
+
+Shared by the Claude Code and claude-code-router tests, which differ only in
+the path the CLI speaks and the model they serve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import VENV_BIN, Server, free_port, http_ok, mitmdump_command, running
+
+
+@dataclass
+class Stack:
+    engine: Server
+    proxy: Server
+    door_record: Path
+    captures_dir: Path
+    api_path: str  # the path the CLI's requests take: /v1/messages or /v1/chat/completions
+
+    def cache_stats(self) -> dict:
+        with urllib.request.urlopen(f"{self.engine.url}/v1/cache/stats", timeout=10) as response:
+            return json.load(response)
+
+    def arrived(self) -> list[dict]:
+        """Every finished exchange on `api_path`, as the engine's door saw it."""
+        if not self.door_record.exists():
+            return []
+        # The recorder may be writing right now: only newline-terminated lines are complete.
+        complete_lines = self.door_record.read_text().split("\n")[:-1]
+        records = [json.loads(line) for line in complete_lines if line.strip()]
+        return [record for record in records if record["path"].split("?")[0] == self.api_path]
+
+    def captures(self) -> list[dict]:
+        """The proxy's capture records (`addons/capture.py`), oldest first."""
+        paths = sorted(self.captures_dir.glob("*/[0-9][0-9][0-9][0-9]-*.json"))
+        return sorted((json.loads(path.read_text()) for path in paths), key=lambda record: record["seq"])
+
+    def wait_until_quiet(self, quiet_s: float = 3.0, timeout: float = 600.0) -> None:
+        """Until the proxy's captures and the engine's door agree and nothing new arrived for `quiet_s`
+        (both write their records as a stream ends, maybe after the CLI exits)."""
+        deadline, last, changed = time.monotonic() + timeout, None, time.monotonic()
+        while time.monotonic() < deadline:
+            counts = (len(self.arrived()), len(self.captures()))
+            if counts != last:
+                last, changed = counts, time.monotonic()
+            elif counts[0] == counts[1] and time.monotonic() - changed >= quiet_s:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"requests still in flight after {timeout:.0f}s (engine door, captures): {last}")
+
+
+@contextlib.contextmanager
+def running_stack(
+    tmp_path: Path, model: Path, served_model: str, answer_tokens: int, api_path: str, script: list[dict] | None = None
+) -> Iterator[Stack]:
+    """Engine, door and proxy; `script`: tool calls the door puts in place of the engine's answers."""
+    if not (model / "config.json").exists():
+        pytest.fail(f"{model} is missing; run `make tiny-model` first", pytrace=False)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    logs, door_record, captures_dir = tmp_path / "logs", tmp_path / "arrived-at-engine.jsonl", tmp_path / "captures"
+    engine_port, door_port, proxy_port = free_port(), free_port(), free_port()
+    engine_command = [
+        str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(model),
+        "--host", "127.0.0.1", "--port", str(engine_port),
+        "--served-model-name", served_model, "--max-tokens", str(answer_tokens),
+    ]
+    door_scripts, door_options = ["tests/support/upstream_recorder.py"], {"record_path": door_record}
+    if script is not None:
+        (tmp_path / "script.json").write_text(json.dumps(script))
+        door_scripts.append("tests/support/scripted_tool_use.py")
+        door_options["scripted_tool_uses"] = tmp_path / "script.json"
+    door_command = mitmdump_command(door_scripts, f"http://127.0.0.1:{engine_port}", door_port, door_options)
+    proxy_options = {"upstream_model": served_model, "max_tokens_cap": answer_tokens, "capture_dir": captures_dir}
+    proxy_command = mitmdump_command(["addons/strip_billing.py", "addons/capture.py"], f"http://127.0.0.1:{door_port}", proxy_port, proxy_options)
+    with (
+        running("engine", engine_command, port=engine_port, log_dir=logs, ready=lambda: http_ok(f"http://127.0.0.1:{engine_port}/v1/models")) as engine,
+        running("door", door_command, port=door_port, log_dir=logs),
+        running("proxy", proxy_command, port=proxy_port, log_dir=logs) as proxy,
+    ):
+        yield Stack(engine, proxy, door_record, captures_dir, api_path)
