@@ -10,7 +10,10 @@ The list depends only on the vocabulary, so each tokenizer's detokenizer is
 built once and every generation gets a shallow copy of it, `reset()`: the
 `StreamingDetokenizer` interface puts all per-generation state in `reset()`,
 and the token list is only read. A tokenizer whose vocabulary size changed
-(tokens added at run time) gets a new one.
+(tokens added at run time) gets a new one. The naive detokenizer (mlx-lm's
+choice when a tokenizer's decoder is neither BPE nor SPM, Nemotron-H's here)
+builds no token map and cannot be copied, so it is built per generation, as
+mlx-lm does.
 """
 
 from __future__ import annotations
@@ -30,15 +33,23 @@ def _vocabulary_size(wrapper: Any) -> int:
     return len(wrapper._tokenizer)
 
 
+def _holds_a_token_map(detokenizer: Any) -> bool:
+    return hasattr(detokenizer, "tokenmap")
+
+
 def shared_map_detokenizer(build):
-    """A `detokenizer` getter that calls `build(wrapper)` once per tokenizer."""
+    """A `detokenizer` getter that calls `build(wrapper)` once per tokenizer
+    whose detokenizer holds a token map, and per generation otherwise."""
 
     def detokenizer(wrapper):
         size = _vocabulary_size(wrapper)
         with _lock:
             built = _built.get(wrapper)
             if built is None or built[0] != size:
-                built = _built[wrapper] = (size, build(wrapper))
+                made = build(wrapper)
+                if not _holds_a_token_map(made):
+                    return made  # nothing to share; not remembered, so nothing to copy
+                built = _built[wrapper] = (size, made)
         fresh = copy.copy(built[1])
         fresh.reset()
         return fresh

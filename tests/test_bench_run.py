@@ -16,7 +16,7 @@ def test_interleaved_configurations_take_turns_going_first():
 
 def test_full_size_runs_the_product_the_batched_anchor_and_vllm_mlx_as_shipped_on_fewer_requests_of_full_size():
     args = parse_args(["--full"])
-    assert args.scale == 1.0 and args.limit == 24 and args.name == "full" and args.incontext_repeats == 1
+    assert args.scale == 1.0 and args.limit == 25 and args.name == "full" and args.incontext_repeats == 1
     assert [config.key for config in args.configurations] == ["4-patched+addon", "7-batched+addon", "1-shipped"]
 
 

@@ -1,7 +1,7 @@
 """mlx-lm's streaming detokenizer, built once per tokenizer instead of once per generation."""
 
 import pytest
-from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
 from stable_prefix.engine_patch import detokenizer_map
@@ -65,3 +65,12 @@ def test_a_tokenizer_whose_vocabulary_grew_gets_a_new_token_map(tokenizer, patch
 
 def test_installing_twice_patches_once(patched):
     assert detokenizer_map.install() == []
+
+
+def test_a_tokenizer_with_the_naive_detokenizer_gets_a_new_one_per_generation(patched):
+    # mlx-lm picks the naive detokenizer when a tokenizer's decoder is neither
+    # BPE nor SPM; it has no token map to share and cannot be copied.
+    tokenizer = TokenizerWrapper(load_tokenizer(require_model())._tokenizer, NaiveStreamingDetokenizer)
+    first, second = tokenizer.detokenizer, tokenizer.detokenizer
+    assert isinstance(first, NaiveStreamingDetokenizer) and first is not second
+    assert detokenize(tokenizer, tokenizer.encode(TEXTS[1])) == TEXTS[1]
