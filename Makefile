@@ -94,9 +94,10 @@ bench: setup tiny-model
 	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(if $(FULL),--full) $(BENCH_ARGS)
 	$(if $(FULL),,$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick))
 
-# The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention).
+# The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention),
+# every configuration (mlx_lm.server too, even with QUICK=1).
 bench-hybrid: setup build/tiny-qwen3_5/config.json
-	$(PY) -m stable_prefix.bench.run --model build/tiny-qwen3_5 --out bench/results/hybrid $(if $(QUICK),--quick) $(BENCH_ARGS)
+	$(PY) -m stable_prefix.bench.run --model build/tiny-qwen3_5 --out bench/results/hybrid --configs 1,2,3,4,5,6,7 $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.

@@ -28,6 +28,11 @@ every field). The figures here are plain functions of rows so that
   the time the same server needs to prefill as many tokens from nothing
   (`bench.prefill_reference`). New tokens after a long cached context cost more
   than as many from nothing, so this one no cache can bring to 1.
+- **warm main-lane prefill / its new content**: for each warm main-lane
+  request whose reuse is known, the tokens it prefilled over the tokens no
+  cache could have spared it (its prompt minus the ideal reusable prefix: the
+  previous reply and the new messages); the median and the largest. 1.0 is
+  ideal; a cache that restores only checkpoints pays the way back to one.
 - **paired TTFT ratio** (the product against the anchor): each warm request's
   TTFT in one configuration over the same request's in the other, both replayed
   in the same turn of an interleaved run; the median ratio with a bootstrap 95%
@@ -104,6 +109,16 @@ def warm_ttft_over(rows: Iterable[Row], yardstick: str) -> float | None:
     return median(row["ttft_s"] / row[yardstick] for row in rows if row["warm"] and row.get(yardstick) and row.get("ttft_s") is not None)
 
 
+def warm_prefill_over_new_content(rows: Iterable[Row], lane: str = "main") -> dict[str, float | None]:
+    """Median and largest of prefilled / (prompt - ideal reusable) over the lane's warm rows with known reuse."""
+    ratios = [
+        (row["prompt_tokens"] - row["reused_tokens"]) / (row["prompt_tokens"] - row["ideal_reusable_tokens"])
+        for row in rows
+        if row["lane"] == lane and row["warm"] and row.get("reused_tokens") is not None and row["prompt_tokens"] > row["ideal_reusable_tokens"]
+    ]
+    return {"median": median(ratios), "max": max(ratios) if ratios else None}
+
+
 def sequential(rows: Iterable[Row]) -> list[Row]:
     """The rows whose TTFT is the request's own: every one outside a fan-out group."""
     return [row for row in rows if not row.get("fan_out")]
@@ -156,6 +171,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "fan_out_requests": len(fan_out),
         "fan_out_wall_s": sum(walls.values()) if walls else None,
         "warm_ttft_growth_ms_per_1k_tokens": warm_ttft_growth_ms_per_1k_tokens(timed),
+        "warm_main_prefill_over_new_content": warm_prefill_over_new_content(rows),
         "warm_ttft_over_incontext_prefill_median": warm_ttft_over(timed, "incontext_prefill_s"),
         # What a warm request costs beyond its unavoidable compute (HTTP, chat template, tokenizing, lookup).
         "warm_ttft_minus_incontext_prefill_median_s": median(

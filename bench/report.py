@@ -165,6 +165,13 @@ def targets_table(result: dict[str, Any]) -> list[str]:
         lines.append(f"| {what} | {_seconds(mine)} | {_seconds(theirs)} | {_times(ratio(mine, theirs))} | {paired_cell} | {verdict} |")
     prefilled = ratio(product["tokens_prefilled"], anchor["tokens_prefilled"])
     lines.append(f"| tokens prefilled | {_tokens(product['tokens_prefilled'])} | {_tokens(anchor['tokens_prefilled'])} | {_times(prefilled)} | | {_met(prefilled, 1.0)} |")
+    new_content = product.get("warm_main_prefill_over_new_content") or {}
+    anchor_new_content = anchor.get("warm_main_prefill_over_new_content") or {}
+    lines.append(
+        f"| warm main-lane tokens prefilled / its new content (previous reply + new messages; median, largest), target <= 1.1x | "
+        f"{_times(new_content.get('median'))}, {_times(new_content.get('max'))} | "
+        f"{_times(anchor_new_content.get('median'))}, {_times(anchor_new_content.get('max'))} | | | {_met(new_content.get('max'), 1.1)} |"
+    )
     incontext = product.get("warm_ttft_over_incontext_prefill_median")
     lines.append(
         f"| warm TTFT / in-context prefill of its new tokens (median), target <= 1.3x | {_times(incontext)} | "

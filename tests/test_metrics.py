@@ -11,6 +11,7 @@ from stable_prefix.bench.metrics import (
     percentile,
     reuse_efficiency,
     summarize,
+    warm_prefill_over_new_content,
     warm_ttft_growth_ms_per_1k_tokens,
 )
 from stable_prefix.bench.prefill_reference import prefill_seconds
@@ -53,6 +54,14 @@ def test_reuse_efficiency_is_reused_over_ideal(trace):
 def test_reuse_efficiency_skips_rows_without_reuse_figures(trace):
     trace[2]["reused_tokens"] = None
     assert reuse_efficiency(trace) == pytest.approx((400 + 1400 + 600) / (10 + 400 + 1500 + 600))
+
+
+def test_warm_main_prefill_is_measured_against_what_no_cache_could_spare(trace):
+    # 1,500 tokens, 1,000 reusable: 500 of 500 prefilled; 2,000 tokens, 1,500 reusable: 600 of 500.
+    assert warm_prefill_over_new_content(trace) == {"median": pytest.approx(1.1), "max": pytest.approx(1.2)}
+    trace[4]["reused_tokens"] = None  # unknown: left out, not counted as all prefilled
+    assert warm_prefill_over_new_content(trace) == {"median": 1.0, "max": 1.0}
+    assert summarize(trace)["warm_main_prefill_over_new_content"]["max"] == 1.0
 
 
 def test_reuse_efficiency_is_none_when_nothing_could_be_reused():
