@@ -86,8 +86,16 @@ ANCHOR_CONTENDER = Contender(ANCHOR, "SIGTERM (a clean shutdown: it saves its ca
 
 
 def scenario_requests(requests: list[Request], before: int, after: int) -> tuple[list[Request], dict[str, list[Request]]]:
+    """The first conversation up to the restart, and what each scenario sends after it.
+
+    The restart falls before the first main-lane request at or after `before`,
+    so the resumed conversation starts with the main agent's next turn (the
+    figure the scenario is about) and no fan-out group is cut in two.
+    """
     first = [request for request in requests if request.conversation == 0]
     second = [request for request in requests if request.conversation == 1]
+    while before < len(first) and first[before].lane != "main":
+        before += 1
     return first[:before], {"resume": first[before : before + min(after, 2)], "new_conversation": second[:after]}
 
 
@@ -375,7 +383,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help=f"scale {QUICK_SCALE}, a 0.25 GiB state, no anchor")
     parser.add_argument("--scale", type=float, help=f"session scale (default {FULL_SCALE})")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--before", type=int, default=8, help="requests of the first conversation before the restart")
+    parser.add_argument("--before", type=int, default=8, help="requests of the first conversation before the restart (at least: it comes before a main-lane request)")
     parser.add_argument("--after", type=int, default=4, help="requests of the new conversation after it (the resumed one gets 2)")
     parser.add_argument("--state-gib", type=float, help="size of the state for the throughput (default 1.0; 0.25 with --quick; 0: skip)")
     parser.add_argument("--no-anchor", action="store_true", help="skip vllm-mlx --continuous-batching")
