@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from stable_prefix.bench.metrics import Row, mark_cold_and_warm, reuse_efficiency, summarize
+from stable_prefix.bench.metrics import Row, fan_out_wall_s, mark_cold_and_warm, reuse_efficiency, summarize
 from stable_prefix.bench.prompt_tokens import PromptRenderer
 from stable_prefix.bench.replay import Measured, warm_up
 from stable_prefix.bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for, view_of
@@ -35,9 +35,11 @@ def request_line(result: Measured) -> str:
 
     prefilled = None if result.reused_tokens is None or result.prompt_tokens is None else result.prompt_tokens - result.reused_tokens
     failed = f"  ERROR {result.reply.error}" if result.reply.error else ""
+    # The addon's lines of concurrent requests cannot be told apart (see replay.Replayer.step).
+    diagnosis = result.diagnosis or (f"(fan-out group {result.request.fan_out}: its lines are in the proxy log)" if result.request.fan_out else "")
     return (
         f"{result.request.index:>3}  {result.request.lane:<20} {count(result.prompt_tokens):>7} {count(result.reused_tokens):>7} "
-        f"{count(prefilled):>9} {result.reply.ttft_s or 0:>7.2f}s  {result.diagnosis or ''}{failed}"
+        f"{count(prefilled):>9} {result.reply.ttft_s or 0:>7.2f}s  {diagnosis}{failed}"
     )
 
 
@@ -46,11 +48,17 @@ def summary_lines(rows: list[Row]) -> list[str]:
     lines = ["", "Summary (TTFT median; cold = first request of a lane or conversation, warm = the rest):"]
     for lane, lane_summary in sorted(summary["lanes"].items()):
         cold, warm = lane_summary["cold_ttft_median_s"], lane_summary["warm_ttft_median_s"]
-        speedup = f"  ({cold / warm:.1f}x faster warm)" if cold and warm else ""
+        if cold is None and warm is None:
+            continue  # a fan-out instance: its group is timed as a whole, below
+        speedup = f"  ({cold / warm:.1f}x faster warm)" if cold and warm and cold > warm else ""
         lines.append(
             f"  {lane:<20} {lane_summary['requests']:>2} requests   cold {'-' if cold is None else f'{cold:.2f} s':>8}"
             f"   warm {'-' if warm is None else f'{warm:.2f} s':>8}{speedup}"
         )
+    for group, wall_s in fan_out_wall_s(rows).items():
+        members = [row for row in rows if row.get("fan_out") == group]
+        instances = len({row["lane"] for row in members})
+        lines.append(f"  fan-out {group}: {instances} concurrent instances, {len(members)} requests, {wall_s:.2f} s from the first sent to the last answered")
     efficiency = reuse_efficiency(rows)
     reused, prompt = summary["tokens_reused"] or 0, summary["prompt_tokens"]
     if summary["reuse_unknown_requests"]:
