@@ -39,7 +39,7 @@ from mlx_lm.models import qwen2
 from mlx_lm.utils import save_model
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from stable_prefix.tools.tiny_families import FAMILIES, Family, Shape
+from stable_prefix.tools.tiny_families import FAMILIES, RENDER_CONTENT_MACRO, Family, Shape
 
 # Qwen2.5's pre-tokenizer: the same regex tiktoken uses with these ranks.
 QWEN_PRETOKENIZE_REGEX = (
@@ -87,25 +87,7 @@ VOCAB_SIZE = 151_936
 #   results into one turn, so the closing `<|im_end|>` moves when one is added);
 # - no default system prompt is invented when there is neither system nor tools.
 # Content may be a string or a list of {"type": "text", "text": ...} parts.
-CHAT_TEMPLATE = r"""
-{%- macro render_content(content) -%}
-    {%- if content is string -%}
-        {{- content -}}
-    {%- elif content is none -%}
-    {%- elif content is mapping -%}
-        {{- raise_exception('tiny model chat template: message content must be a string or a list of text parts, got an object') -}}
-    {%- else -%}
-        {%- for part in content -%}
-            {%- if part is string -%}
-                {{- part -}}
-            {%- elif part.type == 'text' -%}
-                {{- part.text -}}
-            {%- else -%}
-                {{- raise_exception('tiny model chat template: content part of type ' ~ part.type ~ ' is not supported (text only)') -}}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- endif -%}
-{%- endmacro -%}
+CHAT_TEMPLATE = (RENDER_CONTENT_MACRO + r"""
 {%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0].role == 'system' %}
@@ -157,7 +139,7 @@ CHAT_TEMPLATE = r"""
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
-""".strip()
+""").strip()
 
 
 # How replies end (see make_replies_end): with embeddings of norm ~1, a last

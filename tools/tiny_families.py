@@ -50,11 +50,15 @@ class Family:
 
 
 # Shared by the ChatML families: how content parts and tool definitions render.
-_CONTENT_MACRO = r"""
+# How a message's content renders: a string, or a list of text parts (the
+# Qwen2 tiny model's template in build_tiny_model.py starts with it too).
+RENDER_CONTENT_MACRO = r"""
 {%- macro render_content(content) -%}
     {%- if content is string -%}
         {{- content -}}
     {%- elif content is none -%}
+    {%- elif content is mapping -%}
+        {{- raise_exception('tiny model chat template: message content must be a string or a list of text parts, got an object') -}}
     {%- else -%}
         {%- for part in content -%}
             {%- if part is string -%}
@@ -66,7 +70,9 @@ _CONTENT_MACRO = r"""
             {%- endif -%}
         {%- endfor -%}
     {%- endif -%}
-{%- endmacro -%}
+{%- endmacro -%}"""
+
+_CONTENT_MACRO = RENDER_CONTENT_MACRO + r"""
 {%- macro render_tool_call(tool_call) -%}
     {%- if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif -%}
     {{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' -}}
