@@ -23,7 +23,7 @@ def cached_tokens(usage: dict | None) -> int | None:
         return None
     if "cache_read_input_tokens" in usage:
         return usage["cache_read_input_tokens"]
-    details = usage.get("prompt_tokens_details")
+    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))  # chat completions, Responses
     return details.get("cached_tokens") if isinstance(details, dict) else None
 
 

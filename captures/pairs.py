@@ -18,6 +18,7 @@ from deepdiff import DeepDiff
 from stable_prefix.addons.diagnosis import Diagnosis, PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.normalize import Rules, normalize
 from stable_prefix.addons.prompt_order import canonical_value
+from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.captures.inputs import RequestFile
 
 DEFAULT_RULES = Rules()
@@ -101,7 +102,7 @@ def changed_paths(before: dict, after: dict) -> list[PathChange]:
     return sorted(changes, key=lambda change: _sort_key(change.path))
 
 
-_PROMPT_RANK = {"system": 0, "tools": 1, "messages": 2}
+_PROMPT_RANK = {"system": 0, "instructions": 0, "tools": 1, "messages": 2, "input": 2}
 
 
 def _sort_key(path: str) -> list:
@@ -138,13 +139,20 @@ def diff(a: RequestFile, b: RequestFile, *, normalized: bool) -> tuple[Pair, lis
 
 
 def report(requests: list[RequestFile]) -> tuple[list[Pair], PrefixDiagnosis]:
-    """Consecutive requests of each lane, as the backend saw them."""
+    """Consecutive requests of each lane, as the backend saw them (a Responses
+    request that continues a captured response read with that response's history)."""
     tracker = PrefixDiagnosis()
+    chains = ResponseChains()
     previous_by_lane: dict[str, tuple[RequestFile, dict]] = {}
     pairs = []
     for request in requests:
-        body = backend_body(request)
-        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api, request.headers), body, lane=request.lane)
+        body, client_body = backend_body(request), request.client_body
+        if request.api == "responses":
+            answer = request.response or {}
+            forwarded, body, client_body = body, chains.resolved(body), chains.resolved(client_body)
+            if answer.get("status") == 200:
+                chains.remember(forwarded, {"id": answer.get("response_id"), "output": answer.get("output")})
+        result = tracker.observe(PromptSnapshot.of(client_body, request.api, request.headers), body, lane=request.lane)
         if result.lane in previous_by_lane:
             previous, previous_body = previous_by_lane[result.lane]
             pairs.append(Pair(previous, request, result, changed_paths(previous_body, body)))
