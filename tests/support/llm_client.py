@@ -1,5 +1,6 @@
-"""A small client for the two protocols: send a request, streamed or not, and
-return the answer text, the usage object and the time to the first token
+"""A small client for the three protocols (Anthropic messages, OpenAI chat
+completions, the Responses API): send a request, streamed or not, and return
+the answer text, the usage object and the time to the first token
 (`sse_events.carries_output`, as everywhere in the project)."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import requests
 
 from stable_prefix.addons.sse_events import EventStream
 
+RESPONSES_PATH = "/v1/responses"
+
 
 @dataclass
 class Answer:
@@ -18,6 +21,7 @@ class Answer:
     usage: dict
     ttft_s: float | None = None
     events: list[dict] = field(default_factory=list)
+    response: dict | None = None  # the Responses API's response object (streamed: the final event's)
 
 
 def send(base_url: str, path: str, body: dict, timeout: float = 300.0) -> Answer:
@@ -28,9 +32,17 @@ def send(base_url: str, path: str, body: dict, timeout: float = 300.0) -> Answer
     payload = response.json()
     if path == "/v1/messages":
         text = "".join(block.get("text", "") for block in payload["content"] if block["type"] == "text")
+    elif path == RESPONSES_PATH:
+        return Answer(text=output_text(payload), usage=payload["usage"], response=payload)
     else:
         text = payload["choices"][0]["message"].get("content") or ""
     return Answer(text=text, usage=payload["usage"])
+
+
+def output_text(response: dict) -> str:
+    """The assistant text of a Responses API response object."""
+    return "".join(part.get("text", "") for item in response.get("output") or [] if item.get("type") == "message"
+                   for part in item.get("content") or [] if part.get("type") == "output_text")
 
 
 def _send_streamed(base_url: str, path: str, body: dict, timeout: float) -> Answer:
@@ -46,7 +58,7 @@ def _send_streamed(base_url: str, path: str, body: dict, timeout: float) -> Answ
                     events.append(payload)
                     text += _text_delta(path, payload)
     ttft = None if stream.first_output_at is None else stream.first_output_at - started
-    return Answer(text=text, usage=stream.usage, ttft_s=ttft, events=events)
+    return Answer(text=text, usage=stream.usage, ttft_s=ttft, events=events, response=stream.response)
 
 
 def _text_delta(path: str, event: dict) -> str:
@@ -54,6 +66,8 @@ def _text_delta(path: str, event: dict) -> str:
         if event.get("type") == "content_block_delta" and event["delta"].get("type") == "text_delta":
             return event["delta"]["text"]
         return ""
+    if path == RESPONSES_PATH:
+        return (event.get("delta") or "") if event.get("type") == "response.output_text.delta" else ""
     choices = event.get("choices") or []
     return "".join((choice.get("delta") or {}).get("content") or "" for choice in choices)
 
@@ -61,6 +75,8 @@ def _text_delta(path: str, event: dict) -> str:
 def reused_tokens(path: str, usage: dict) -> int | None:
     if path == "/v1/messages":
         return usage.get("cache_read_input_tokens")
+    if path == RESPONSES_PATH:
+        return (usage.get("input_tokens_details") or {}).get("cached_tokens")
     return (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
