@@ -5,6 +5,7 @@ the answer text, the usage object and the time to the first token
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -30,13 +31,15 @@ def send(base_url: str, path: str, body: dict, timeout: float = 300.0) -> Answer
     response = requests.post(base_url + path, json=body, timeout=timeout)
     response.raise_for_status()
     payload = response.json()
+    return Answer(text=_json_text(path, payload), usage=payload["usage"], response=payload if path == RESPONSES_PATH else None)
+
+
+def _json_text(path: str, payload: dict) -> str:
     if path == "/v1/messages":
-        text = "".join(block.get("text", "") for block in payload["content"] if block["type"] == "text")
-    elif path == RESPONSES_PATH:
-        return Answer(text=output_text(payload), usage=payload["usage"], response=payload)
-    else:
-        text = payload["choices"][0]["message"].get("content") or ""
-    return Answer(text=text, usage=payload["usage"])
+        return "".join(block.get("text", "") for block in payload["content"] if block["type"] == "text")
+    if path == RESPONSES_PATH:
+        return output_text(payload)
+    return payload["choices"][0]["message"].get("content") or ""
 
 
 def output_text(response: dict) -> str:
@@ -59,6 +62,15 @@ def _send_streamed(base_url: str, path: str, body: dict, timeout: float) -> Answ
                     text += _text_delta(path, payload)
     ttft = None if stream.first_output_at is None else stream.first_output_at - started
     return Answer(text=text, usage=stream.usage, ttft_s=ttft, events=events, response=stream.response)
+
+
+def text_of(path: str, body: str) -> str:
+    """The answer text of a response body as recorded (SSE events or one JSON object)."""
+    stream = EventStream()
+    events = [event.json() for event in stream.feed(body.encode())]
+    if events:
+        return "".join(_text_delta(path, event) for event in events if isinstance(event, dict))
+    return _json_text(path, json.loads(body))
 
 
 def _text_delta(path: str, event: dict) -> str:
