@@ -3,7 +3,8 @@
 The prefix part is `addons.diagnosis` (the proxy's own code). The structural
 part is deepdiff over the two bodies read as prompt order reads them
 (`canonical_value`: no `cache_control`, a one-text-block content list as its
-text): those differences move every turn and change nothing the model reads.
+text; Responses input items without `id` and `status`): those differences
+move every turn and change nothing the model reads.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
+from stable_prefix.addons import responses_input
 from stable_prefix.addons.diagnosis import Diagnosis, PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.normalize import Rules, normalize
+from stable_prefix.addons.normalize import Api, Rules, normalize
 from stable_prefix.addons.prompt_order import canonical_value
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.captures.inputs import RequestFile
@@ -90,8 +92,15 @@ def format_path(keys: list) -> str:
     return path
 
 
-def changed_paths(before: dict, after: dict) -> list[PathChange]:
-    diff = DeepDiff(canonical_value(before), canonical_value(after), view="tree")
+def as_read(body: dict, api: Api) -> Any:
+    """A body as prompt order reads it (see the module docstring)."""
+    if api == "responses" and isinstance(body.get("input"), list):
+        body = {**body, "input": [responses_input.rendered(item) for item in body["input"]]}
+    return canonical_value(body)
+
+
+def changed_paths(before: dict, after: dict, api: Api) -> list[PathChange]:
+    diff = DeepDiff(as_read(before, api), as_read(after, api), view="tree")
     changes = []
     for report_type, levels in diff.items():
         kind = _CHANGE_KINDS.get(report_type, report_type)
@@ -135,7 +144,7 @@ def diff(a: RequestFile, b: RequestFile, *, normalized: bool) -> tuple[Pair, lis
         warnings.append(f"different lanes ({lanes[0]} vs {lanes[1]}): these are different agents, a prefix break is expected")
     for request, body in zip((a, b), bodies, strict=True):
         result = tracker.observe(PromptSnapshot.of(request.client_body, request.api, request.headers), body, lane=lanes[1])
-    return Pair(a, b, result, changed_paths(bodies[0], bodies[1])), warnings
+    return Pair(a, b, result, changed_paths(bodies[0], bodies[1], b.api)), warnings
 
 
 def report(requests: list[RequestFile]) -> tuple[list[Pair], PrefixDiagnosis]:
@@ -155,6 +164,6 @@ def report(requests: list[RequestFile]) -> tuple[list[Pair], PrefixDiagnosis]:
         result = tracker.observe(PromptSnapshot.of(client_body, request.api, request.headers), body, lane=request.lane)
         if result.lane in previous_by_lane:
             previous, previous_body = previous_by_lane[result.lane]
-            pairs.append(Pair(previous, request, result, changed_paths(previous_body, body)))
+            pairs.append(Pair(previous, request, result, changed_paths(previous_body, body, request.api)))
         previous_by_lane[result.lane] = (request, body)
     return pairs, tracker
