@@ -6,7 +6,8 @@ one in `.codex-cli/`), its configuration set for this run on its command line
 (`-c key=value`, merged into the user's own `config.toml`, which is neither
 read here nor changed): the served model through a custom provider at the
 proxy speaking the Responses API, no analytics, no feedback uploads, no update
-check. The user's own Codex home (sessions, other providers, settings) is used
+check, no plugins (their marketplace is on github.com and chatgpt.com;
+`stable-prefix codex --enable plugins` turns them back on: a later option wins). The user's own Codex home (sessions, other providers, settings) is used
 as it is; no key is sent (the provider names none), so OpenAI credentials
 stay where they are. Any Codex command works: `stable-prefix codex`,
 `stable-prefix codex exec "..."`, `stable-prefix codex exec resume --last "..."`.

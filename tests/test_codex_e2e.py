@@ -140,7 +140,7 @@ def test_every_continued_turn_reuses_its_prompt_a_tool_call_and_a_sandbox_change
         for previous, request in zip(requests, requests[1:]):
             assert request.diagnosis["prefix_kept"], request.diagnosis["line"]
             assert request.reused_tokens >= previous.prompt_tokens, f"request {request.capture['seq']} lost part of the previous prompt"
-        # The sandbox change brings ~470 tokens of new context (permissions, a new environment): its share is
+        # The sandbox change brings ~480 tokens of new context (permissions, a new environment): its share is
         # what the previous prompt was of it (docs/agents.md); every other continued turn adds only its prompt.
         for request in requests[1:4]:
             assert request.reuse >= MIN_CONTINUED_REUSE, f"{request.reused_tokens:,}/{request.prompt_tokens:,}: {request.diagnosis['line']}"

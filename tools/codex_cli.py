@@ -11,7 +11,8 @@ into the user's global npm prefix.
 Every run gets a throwaway sandbox: its own HOME, CODEX_HOME (where Codex keeps
 its config, sessions and state, with a `config.toml` written for the stack: a
 custom model provider on loopback, no analytics, no feedback uploads, no
-update check, no retries) and a working directory that is a git repository.
+update check, no plugin marketplace, no retries) and a working directory that
+is a git repository.
 
     python -m stable_prefix.tools.codex_cli install     # idempotent; prints the binary and its version
 
@@ -56,13 +57,16 @@ def stack_settings(base_url: str, model: str) -> dict:
     """Codex's configuration for a stack whose proxy is at `base_url`: the served
     model through a custom provider speaking the Responses API (no key: the
     engine checks none), nothing sent anywhere else. The stream may be silent
-    for as long as a cold prefill takes."""
+    for as long as a cold prefill takes. Plugins are off: with them on, every
+    start looks up github.com, api.github.com and chatgpt.com (the plugin
+    marketplace; seen with strace on 0.171.0, none of it otherwise)."""
     return {
         "model": model,
         "model_provider": PROVIDER_ID,
         "check_for_update_on_startup": False,
         "analytics": {"enabled": False},
         "feedback": {"enabled": False},
+        "features": {"plugins": False},
         "otel": {"exporter": "none", "trace_exporter": "none", "metrics_exporter": "none"},
         "model_providers": {PROVIDER_ID: {
             "name": "stable-prefix (local)",
@@ -199,7 +203,8 @@ class Codex:
         """`codex exec PROMPT`, or `codex exec resume SESSION PROMPT`; `extra`: more exec options (`-c key=value`)."""
         last_message = self.sandbox.home / "last-message.txt"
         last_message.unlink(missing_ok=True)
-        command = [str(self.binary), "exec", "--json", "--color", "never", "-o", str(last_message), *extra]
+        # --strict-config: a key this release does not know (the sandbox's config is ours) is an error, not ignored.
+        command = [str(self.binary), "exec", "--strict-config", "--json", "--color", "never", "-o", str(last_message), *extra]
         command += ["resume", resume, prompt] if resume else [prompt]
         completed = subprocess.run(command, cwd=self.sandbox.workdir, env=self.environment(), capture_output=True,
                                    text=True, timeout=timeout, stdin=subprocess.DEVNULL)
