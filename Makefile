@@ -16,7 +16,7 @@ FAMILIES := qwen3_5 gpt_oss gemma3_text nemotron_h
 FAMILY_MODELS := $(foreach family,$(FAMILIES),build/tiny-$(family)/config.json)
 MLX_LM_032 := build/mlx-lm-0.32
 
-.PHONY: setup tiny-model tiny-model-test tiny-families lint test demo bench bench-hybrid serve e2e-claude e2e-ccr clean
+.PHONY: setup tiny-model tiny-model-test tiny-families lint test demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex clean
 
 setup: $(VENV)/.setup-done
 
@@ -112,6 +112,13 @@ e2e-ccr: setup tiny-model-test
 	$(PY) -m stable_prefix.tools.claude_code install
 	$(PY) -m stable_prefix.tools.claude_code_router install
 	$(PY) -m pytest tests/test_ccr_e2e.py $(PYTEST_ARGS)
+
+# The real Codex CLI (pinned npm release, installed into .codex-cli/) through the
+# proxy's Responses path to the patched engine, and the Responses API's own
+# end-to-end test. `make test` runs both (its fixture installs the CLI).
+e2e-codex: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.codex_cli install
+	$(PY) -m pytest tests/test_codex_e2e.py tests/test_responses_e2e.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

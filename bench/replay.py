@@ -140,13 +140,14 @@ def cache_stats(base_url: str) -> dict[str, Any] | None:
 
 
 def reuse_from_usage(usage: dict[str, Any]) -> tuple[int, int] | None:
-    """(prompt tokens, reused tokens) from Anthropic or OpenAI usage, when the server reported reuse."""
+    """(prompt tokens, reused tokens) from Anthropic, OpenAI or Responses API usage, when the server reported reuse."""
     reused = usage.get("cache_read_input_tokens")
     if isinstance(reused, int):
         return usage.get("input_tokens", 0) + reused, reused
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    if isinstance(cached, int) and isinstance(usage.get("prompt_tokens"), int):
-        return usage["prompt_tokens"], cached
+    for total, details in (("prompt_tokens", "prompt_tokens_details"), ("input_tokens", "input_tokens_details")):
+        cached = (usage.get(details) or {}).get("cached_tokens")
+        if isinstance(cached, int) and isinstance(usage.get(total), int):
+            return usage[total], cached
     return None
 
 
