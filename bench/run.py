@@ -60,10 +60,11 @@ DEFAULT_CONFIGS, QUICK_CONFIGS = "1,2,3,4,5,6,7,8,9", "1,4,7,9"
 # the session is cut to its first FULL_LIMIT requests (never its prompt sizes): the fan-out group, the
 # ToolSearch load and the first request of the new conversation after the commit are among them.
 FULL_CONFIGS, FULL_LIMIT = "4,7,9", 25
-# The in-context prefill yardstick, by default for every configuration but vllm-mlx's SimpleEngine
-# as shipped (1, 2: they re-prefill most of each prompt, which takes minutes longer) and
-# mlx_lm.server (5, its own rendering: prompts no other configuration shares).
-DEFAULT_INCONTEXT_CONFIGS = "3,4,6,7,8,9,10"
+# The in-context prefill yardstick, by default for the patched and batched engines: not vllm-mlx's
+# SimpleEngine as shipped (1, 2: they re-prefill most of each prompt, which takes minutes longer),
+# mlx_lm.server (5, its own rendering: prompts no other configuration shares) or Rapid-MLX (8, 9:
+# its prompts are not rendered, see stack.RAPID_MLX).
+DEFAULT_INCONTEXT_CONFIGS = "3,4,6,7,10"
 
 
 def as_received(body: dict, behind_addon: bool) -> dict:
@@ -447,7 +448,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             "cold_prefill_reference": [{"prompt_tokens": tokens, "ttft_s": ttft} for tokens, ttft in reference],
             "summary": summarize(config_rows),
         })
-    incontext = {config.key: config for config in args.configurations if config in args.incontext_configurations}
+    incontext = {config.key: config for config in args.configurations if config in args.incontext_configurations and view_of(config) is not None}
     measure_incontext_prefill(rows, views, incontext, args.model, args.incontext_repeats)
     for config in configurations:
         config["summary"] = summarize([row for row in rows if row["configuration"] == config["key"]])
