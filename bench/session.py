@@ -52,7 +52,12 @@ shrinks every size proportionally; the demo uses a small scale so a 2-core CPU
 can replay it in minutes.
 
 The assistant turns are fixed by the generator, not produced by the model, like
-a replay of a captured session: every configuration sees the same bytes.
+a replay of a captured session: every configuration sees the same bytes. Each
+request says how long the reply that answers it in the session is
+(`Request.reply_tokens`); in 2.1.332 those replies are as long as Claude Code's
+at every scale (tool calls and answers of tens to a few hundred tokens, see
+CALL_TEXT_TOKENS and its neighbours), and a title request is sent beside its
+conversation's first main turn (`Request.beside`), as Claude Code does.
 
     python -m stable_prefix.bench.session --scale 0.05 --out /tmp/session   # writes NNNN-<lane>.json
 """
