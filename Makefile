@@ -108,9 +108,9 @@ demo: setup tiny-model
 
 # The side-by-side benchmark of whole turns: vllm-mlx as shipped, its
 # --continuous-batching mode, the patched engine, Rapid-MLX, each direct and
-# behind the addon, and mlx_lm.server -> bench/results/latest.* (about an hour
-# on a 2-core CPU; docs/benchmark.md)
-# QUICK=1: a reduced session, configurations 1,4,7,9 -> build/bench-quick/latest.*
+# behind the addon, and mlx_lm.server; the product in both engine modes
+# -> bench/results/latest.* (about an hour on a 2-core CPU; docs/benchmark.md)
+# QUICK=1: a reduced session, configurations 1,4,7,9,10 -> build/bench-quick/latest.*
 # FULL=1: real Claude Code size (fewer requests, same prompt sizes), the product
 # and the two strongest anchors -> bench/results/full.*
 # Then the restart scenario (disk tier: a killed and restarted engine, cold vs
@@ -124,7 +124,7 @@ bench: setup tiny-model tiny-model-bench rapid-mlx
 # end by themselves (build_tiny_model shapes Qwen2's only), so each decodes the
 # session's own reply length.
 bench-hybrid: setup build/tiny-qwen3_5/config.json rapid-mlx
-	$(PY) -m stable_prefix.bench.run --model build/tiny-qwen3_5 --out bench/results/hybrid --configs 1,2,3,4,5,6,7,8,9 --max-tokens session $(if $(QUICK),--quick) $(BENCH_ARGS)
+	$(PY) -m stable_prefix.bench.run --model build/tiny-qwen3_5 --out bench/results/hybrid --configs 1,2,3,4,5,6,7,8,9,10 --max-tokens session $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.

@@ -54,8 +54,8 @@ from stable_prefix.tools.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model-bench"
 DEFAULT_SCALE, QUICK_SCALE, FULL_SCALE = 0.2, 0.04, 1.0
-# 10 (the product's other engine mode) joins the default set once the patched engine has `--engine`.
-DEFAULT_CONFIGS, QUICK_CONFIGS = "1,2,3,4,5,6,7,8,9", "1,4,7,9"
+# The product in both engine modes (4: the default, 10: --engine simple), against every anchor.
+DEFAULT_CONFIGS, QUICK_CONFIGS = "1,2,3,4,5,6,7,8,9,10", "1,4,7,9,10"
 # Full size: the product and the two strongest anchors (the batched engine and Rapid-MLX, behind the addon);
 # the session is cut to its first FULL_LIMIT requests (never its prompt sizes): the fan-out group, the
 # ToolSearch load and the first request of the new conversation after the commit are among them.

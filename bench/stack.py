@@ -131,8 +131,8 @@ CONFIGURATIONS = (
     Configuration("1-shipped", VLLM_MLX, False, "vllm-mlx 0.6.0 as shipped, direct"),
     Configuration("2-shipped+addon", VLLM_MLX, True, "vllm-mlx 0.6.0 as shipped, behind the addon"),
     # The product in its default engine mode.
-    Configuration("3-patched", PATCHED, False, "patched engine, direct"),
-    Configuration("4-patched+addon", PATCHED, True, "patched engine behind the addon (the product)"),
+    Configuration("3-patched", PATCHED, False, "patched engine (its default engine mode), direct"),
+    Configuration("4-patched+addon", PATCHED, True, "patched engine (its default engine mode) behind the addon (the product)"),
     # An outside anchor: mlx-lm's own server and its LRU prompt cache, OpenAI path only.
     Configuration("5-mlx-lm", MLX_LM, False, "mlx_lm.server 0.31.3 (OpenAI path, LRU prompt cache), outside anchor", protocol="openai"),
     # vllm-mlx's strongest mode as shipped: its batched engine and memory-aware prefix cache.

@@ -27,8 +27,9 @@ def test_full_size_runs_the_product_and_the_two_strongest_anchors_on_fewer_reque
 
 def test_the_default_and_quick_sets_include_the_batched_and_rapid_mlx_anchors():
     default = [config.key for config in parse_args([]).configurations]
-    assert {"5-mlx-lm", "7-batched+addon", "8-rapid-mlx", "9-rapid-mlx+addon"} <= set(default)
-    assert {"4-patched+addon", "7-batched+addon", "9-rapid-mlx+addon"} <= {config.key for config in parse_args(["--quick"]).configurations}
+    assert {"5-mlx-lm", "7-batched+addon", "8-rapid-mlx", "9-rapid-mlx+addon", "10-patched-simple+addon"} <= set(default)
+    quick = {config.key for config in parse_args(["--quick"]).configurations}
+    assert {"4-patched+addon", "10-patched-simple+addon", "7-batched+addon", "9-rapid-mlx+addon"} <= quick
     assert parse_args([]).interleave and not parse_args(["--sequential"]).interleave
 
 
