@@ -261,13 +261,17 @@ def _is_mid_conversation_system_message(order: PromptOrder, segment: Segment, ap
         return False
     if api == "anthropic":
         return True
-    conversation = [_message_index(s) for s in order.segments if _message_index(s) is not None and s.value.get("role") not in ("system", "developer")]
+    conversation = [_message_index(s) for s in order.segments if _message_index(s) is not None and not _has_system_role(s.value)]
     return bool(conversation) and index > min(conversation)
 
 
+def _has_system_role(value: object) -> bool:
+    # A message may be any JSON value in a body a client got wrong: only a dict has a role.
+    return isinstance(value, dict) and value.get("role") in ("system", "developer")
+
+
 def _is_system_text(segment: Segment) -> bool:
-    value = segment.value
-    return segment.path.startswith("system") or (isinstance(value, dict) and value.get("role") in ("system", "developer"))
+    return segment.path.startswith("system") or _has_system_role(segment.value)
 
 
 def _tool_names(order: PromptOrder) -> list[str]:
