@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -166,6 +167,7 @@ class Capture:
         self.budget = Budget()
         self.stored_bytes: int | None = None  # at the last budget check, plus what was written since
         self.age_checked_at = 0.0
+        self.pruning: threading.Thread | None = None
         # Kept here, not in flow.metadata, which must stay serializable (`mitmdump -w`).
         self.observers: dict[str, UsageObserver] = {}
         self.diagnosis = PrefixDiagnosis()  # used only when strip_billing is not loaded
@@ -230,12 +232,17 @@ class Capture:
             logger.info(f"capture: {self.written} request(s) written to {self.session_dir}")
 
     def check_budget(self) -> None:
-        """Remove what is over the budget (`capture_budget.enforce`), saying what went."""
-        if not self.budget.limited:
+        """Remove what is over the budget (`capture_budget.enforce`), saying what went, in a thread:
+        scanning a full folder takes a while, and requests must not wait for it."""
+        if not self.budget.limited or (self.pruning is not None and self.pruning.is_alive()):
             return
         self.age_checked_at = time.time()
+        self.pruning = threading.Thread(target=self._enforce_budget, args=(self.session_dir, self.age_checked_at), name="capture-budget", daemon=True)
+        self.pruning.start()
+
+    def _enforce_budget(self, current: Path | None, now: float) -> None:
         try:
-            lines, self.stored_bytes = enforce(self.root, self.session_dir, self.budget, now=self.age_checked_at)
+            lines, self.stored_bytes = enforce(self.root, current, self.budget, now=now)
         except OSError as error:
             logger.error(f"capture: cannot keep {self.root} within its budget ({error}); nothing more is removed until the next check")
             return

@@ -49,7 +49,7 @@ def test_over_the_byte_limit_the_least_recently_written_sessions_go_first(tmp_pa
     assert len(lines) == 2
     assert lines[0].startswith("capture: removed session a-oldest (5 records, ")
     assert lines[1].startswith("capture: removed session b-older (5 records, ")  # its server logs went with it
-    assert "over capture_max_bytes=" in lines[0]
+    assert "over capture_max_bytes (0.1 MiB)" in lines[0]
 
 
 def test_within_the_byte_limit_nothing_is_removed(tmp_path):
@@ -82,7 +82,7 @@ def test_the_current_session_alone_over_the_limit_loses_its_oldest_records(tmp_p
     lines, stored = enforce(tmp_path, current, Budget(max_bytes=5 * RECORD), now=NOW)
     assert names(current) == [f"{number:04d}-main.json" for number in range(7, 11)]
     assert stored == 4 * RECORD
-    assert lines == ["capture: removed the 6 oldest records of this session (#1-#6, 58.6k): it alone is over capture_max_bytes=48.8k"]
+    assert lines == ["capture: removed the 6 oldest records of this session (#1-#6, 0.1 MiB): it alone is over capture_max_bytes (0.0 MiB)"]
 
 
 def test_files_the_capture_addon_did_not_write_are_kept_with_their_folder(tmp_path):
@@ -129,6 +129,7 @@ def test_zero_turns_both_limits_off(tmp_path):
     with taddons.context(addon) as tctx:
         tctx.configure(addon, capture_dir=str(tmp_path), capture_session="now", capture_max_bytes="0", capture_max_age_days=0)
         addon.running()
+        assert addon.pruning is None
     assert names(tmp_path) == ["ancient"]
 
 
@@ -140,6 +141,7 @@ def test_at_start_and_when_a_record_passes_the_limit_the_addon_removes_and_logs(
     with taddons.context(addon) as tctx:
         tctx.configure(addon, capture_dir=str(tmp_path), capture_session="today", capture_max_bytes="40k")
         addon.running()
+        addon.pruning.join()
         assert names(tmp_path) == ["yesterday"]
         assert "capture: removed session ancient (3 records, " in caplog.text and "older than capture_max_age_days=14" in caplog.text
         for _ in range(2):
@@ -147,6 +149,7 @@ def test_at_start_and_when_a_record_passes_the_limit_the_addon_removes_and_logs(
             addon.request(flow)
             json_response(flow, {})
             addon.response(flow)
+            addon.pruning.join()
     assert names(tmp_path) == ["today"]
     assert "capture: removed session yesterday (3 records, " in caplog.text
     assert [json.loads(path.read_text())["seq"] for path in sorted((tmp_path / "today").iterdir())] == [1, 2]
