@@ -103,3 +103,21 @@ def test_parse_json_reads_exactly_the_limit_and_refuses_one_more():
     assert parse_json(b"[" * MAX_NESTING + b"]" * MAX_NESTING) is not None
     with pytest.raises(ValueError, match="nested deeper"):
         parse_json(b"[" * (MAX_NESTING + 1) + b"]" * (MAX_NESTING + 1))
+
+
+def test_a_line_ends_at_a_newline_only_so_a_billing_header_after_another_separator_stays(pipeline):
+    body = turn("hello")
+    body["system"] = [{"type": "text", "text": f"You code.\u2028{BILLING}\n{BILLING}\r\nBe brief."}]
+    forwarded = json.loads(pipeline.send(PATH, escaped(body), JSON).request.content)
+    assert forwarded["system"] == [{"type": "text", "text": f"You code.\u2028{BILLING}\nBe brief."}]
+
+
+def test_a_loaded_tools_schema_with_a_line_separator_in_its_description_is_inlined_whole(pipeline):
+    fetch = {"type": "function", "function": {"name": "WebFetch", "description": "Fetch\u2028a page.", "parameters": {"type": "object"}}}
+    body = {"model": "m", "tools": [fetch], "messages": [
+        {"role": "user", "content": "load it"},
+        {"role": "tool", "tool_call_id": "call_1", "content": json.dumps([{"type": "tool_reference", "tool_name": "WebFetch"}])}]}
+    forwarded = json.loads(pipeline.send("/v1/chat/completions", escaped(body), JSON).request.content)
+    assert forwarded["tools"] == []
+    assert forwarded["messages"][1]["content"] == (
+        '<functions>\n<function>{"description": "Fetch\u2028a page.", "name": "WebFetch", "parameters": {"type": "object"}}</function>\n</functions>')

@@ -12,24 +12,15 @@ examples (the soak's run); the counts are printed at the end (`pytest -s`).
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 
 from tests.support.addon_pipeline import MAX_TOKENS_CAP, SERVED_MODEL, AddonPipeline, addon_pipeline
 from tests.support.forwarding_property import exchange_problems
-from tests.support.fuzz_bodies import PROTOCOLS, WireRequest, wire_requests
+from tests.support.fuzz_bodies import PROTOCOLS, WireRequest, fuzz
 
-SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
 EXAMPLES = {"anthropic": 400, "openai": 400, "responses": 200}
-FUZZ_SETTINGS = dict(
-    deadline=None,  # a shared CPU: timings mean nothing
-    database=None,  # nothing written into the checkout; a failure prints its reproduction blob
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 TALLY: Counter = Counter()
 
 
@@ -68,9 +59,4 @@ def check(pipeline: AddonPipeline, wire: WireRequest) -> None:
 
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 def test_every_body_is_forwarded_as_sent_or_as_the_rules_say_and_nothing_crashes(pipeline, name):
-    @settings(max_examples=int(EXAMPLES[name] * SCALE), **FUZZ_SETTINGS)
-    @given(wire_requests(PROTOCOLS[name]))
-    def fuzz(wire):
-        check(pipeline, wire)
-
-    fuzz()
+    fuzz(PROTOCOLS[name], EXAMPLES[name], lambda wire: check(pipeline, wire))

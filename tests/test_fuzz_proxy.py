@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
-import os
 import re
 import time
 from collections import Counter
@@ -22,20 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 
 from stable_prefix.addons.request_body import MAX_NESTING
 from tests.support.addon_pipeline import MAX_TOKENS_CAP, SERVED_MODEL
 from tests.support.forwarding_property import exchange_problems
-from tests.support.fuzz_bodies import LONE_SURROGATE, PROTOCOLS, WireRequest, client_json, wire_requests
+from tests.support.fuzz_bodies import LONE_SURROGATE, PROTOCOLS, WireRequest, client_json, fuzz
 from tests.support.processes import LOOPBACK, Server, free_port, mitmdump_command, running
 from tests.support.slow_sse_upstream import Received, SlowUpstream, slow_sse_upstream
 
 pytestmark = pytest.mark.server
 
-SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
 EXAMPLES = {"anthropic": 150, "openai": 150, "responses": 60}
-FUZZ_SETTINGS = dict(deadline=None, database=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+TALLY: Counter = Counter()
 TEN_MB = 10 * 1024 * 1024
 
 
@@ -47,7 +44,6 @@ class ProxyUnderTest:
     tags: itertools.count = field(default_factory=lambda: itertools.count(1))
     log_offset: int = 0
     sent: dict[int, WireRequest] = field(default_factory=dict)
-    tally: Counter = field(default_factory=Counter)
 
     def send(self, wire: WireRequest) -> tuple[int, Received, list[str]]:
         """Send it with a tag in its path; the upstream's record of it and the log lines naming it."""
@@ -91,10 +87,7 @@ def proxy(tmp_path_factory):
         with running("mitmdump", command, port=port, log_dir=logs, startup_timeout=60, env={"PYTHONUNBUFFERED": "1"}) as server:
             yield ProxyUnderTest(server, upstream, captures / "fuzz")
             assert server.process.poll() is None, "mitmdump died"
-    print("\nfuzz examples through mitmdump: " + ", ".join(f"{key} {count}" for key, count in sorted(proxy_tally.items())))
-
-
-proxy_tally: Counter = Counter()
+    print("\nfuzz examples through mitmdump: " + ", ".join(f"{key} {count}" for key, count in sorted(TALLY.items())))
 
 
 def check(proxy: ProxyUnderTest, wire: WireRequest) -> None:
@@ -103,17 +96,12 @@ def check(proxy: ProxyUnderTest, wire: WireRequest) -> None:
     unreadable = [line for line in lines if line.endswith("passed through unchanged")]
     assert len(unreadable) == (1 if wire.protocol.normalized and wire.defect is not None else 0), lines
     outcome = "unreadable" if wire.defect else "changed by the rules" if received.raw_body != wire.content else "byte for byte"
-    proxy_tally[f"{wire.protocol.name} {outcome}{' (chunked)' if wire.chunked else ''}"] += 1
+    TALLY[f"{wire.protocol.name} {outcome}{' (chunked)' if wire.chunked else ''}"] += 1
 
 
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 def test_every_body_reaches_the_upstream_as_sent_or_as_the_rules_say(proxy, name):
-    @settings(max_examples=int(EXAMPLES[name] * SCALE), **FUZZ_SETTINGS)
-    @given(wire_requests(PROTOCOLS[name]))
-    def fuzz(wire):
-        check(proxy, wire)
-
-    fuzz()
+    fuzz(PROTOCOLS[name], EXAMPLES[name], lambda wire: check(proxy, wire))
 
 
 # --- the findings of issue 18, and 10 MB bodies --------------------------------------------------

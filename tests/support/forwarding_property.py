@@ -71,8 +71,13 @@ def text_strings(value: Any, key: Any = None) -> Iterator[str]:
             yield from text_strings(child)
 
 
+def lines_of(text: str) -> list[str]:
+    """Lines as the rules and a reader see them: ended by \n (a \r before it is part of the break)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def text_lines(strings) -> Counter:
-    return Counter(line for text in strings for line in text.splitlines() if line.strip())
+    return Counter(line for text in strings for line in lines_of(text) if line.strip())
 
 
 def _without_tools(body: dict) -> dict:
@@ -126,7 +131,7 @@ def problems(client: dict, forwarded: dict, system_texts: Callable[[dict], list[
     found: list[str] = []
     client_lines = text_lines(text_strings(_without_tools(client)))
     forwarded_lines = text_lines(text_strings(_without_tools(forwarded)))
-    billing = text_lines(line for text in system_texts(client) for line in text.splitlines() if BILLING_LINE.match(line))
+    billing = text_lines(line for text in system_texts(client) for line in lines_of(text) if BILLING_LINE.match(line))
     for line, count in (client_lines - billing).items():
         if forwarded_lines[line] < count:
             found.append(f"line lost: {line[:120]!r} ({count}x sent, {forwarded_lines[line]}x forwarded)")

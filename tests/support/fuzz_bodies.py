@@ -21,12 +21,14 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import brotli
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stable_prefix.addons.normalize import api_for
@@ -358,3 +360,26 @@ def wire_requests(draw, protocol: Protocol, defects: bool = True) -> WireRequest
     if encoding != "identity":
         headers.append(("content-encoding", encoding))
     return WireRequest(protocol, content, tuple(headers), draw(st.booleans()), defect, body)
+
+
+# --- running them -------------------------------------------------------------------------------
+
+# FUZZ_SCALE=20: twenty times the examples (the soak's run).
+SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
+FUZZ_SETTINGS = dict(
+    deadline=None,  # a shared CPU: timings mean nothing
+    database=None,  # nothing written into the checkout; a failure prints the line that replays it
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def fuzz(protocol: Protocol, examples: int, check: Callable[[WireRequest], None]) -> None:
+    """`check` each of `examples` (times FUZZ_SCALE) generated requests of `protocol`."""
+
+    @settings(max_examples=int(examples * SCALE), **FUZZ_SETTINGS)
+    @given(wire_requests(protocol))
+    def each(wire: WireRequest) -> None:
+        check(wire)
+
+    each()
