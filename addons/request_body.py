@@ -141,9 +141,9 @@ def read_json_body(request: http.Request) -> dict | LeftAlone:
 
 def utf8_json(text: str) -> bytes:
     """JSON text as UTF-8. A lone surrogate (`"\\ud83d"`, half an emoji cut by
-    a client) is valid JSON but has no UTF-8 form: it is written back as the
-    escape it arrived as, never as invalid bytes. Surrogates occur only inside
-    JSON strings, where that escape means the same character."""
+    a client) is valid JSON but has no UTF-8 form: it is written back as a
+    `\\u` escape, never as invalid bytes. Surrogates occur only inside JSON
+    strings, where that escape means the same character."""
     return text.encode("utf-8", "backslashreplace")
 
 

@@ -149,7 +149,7 @@ class StripBilling:
 
     def running(self) -> None:
         exposure.warn_if_exposed(ctx.options)
-        if getattr(ctx.options, engine_errors.OPTION) and ctx.options.connection_strategy == "eager":
+        if getattr(ctx.options, engine_errors.OPTION) and getattr(ctx.options, "connection_strategy", None) == "eager":
             # Eagerly, a client that connects while the engine is down is cut off before it sends a request,
             # so there is nothing to answer; lazily, the request comes first and gets its 502.
             ctx.options.update(connection_strategy="lazy")
