@@ -368,7 +368,7 @@ def wire_requests(draw, protocol: Protocol, defects: bool = True) -> WireRequest
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
 FUZZ_SETTINGS = dict(
     deadline=None,  # a shared CPU: timings mean nothing
-    database=None,  # nothing written into the checkout; a failure prints the line that replays it
+    database=None,  # no example database: a failure prints the line that replays it
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
