@@ -248,8 +248,11 @@ def parse_model_map(spec: str) -> tuple[tuple[str, str], ...]:
 
 def _drop_lines(text: str, is_volatile) -> tuple[str, int]:
     """Remove whole lines for which is_volatile(line) holds, with their line
-    break. Returns the new text and how many lines went."""
-    lines = text.splitlines(keepends=True)
+    break. Returns the new text and how many lines went. A line ends at "\n"
+    (as in the diagnosis and the git status paragraph), not wherever Python's
+    splitlines breaks (also at \r, \x85, U+2028...: a fuzz find)."""
+    pieces = text.split("\n")
+    lines = [piece + "\n" for piece in pieces[:-1]] + [pieces[-1]]
     kept = [line for line in lines if not is_volatile(line.rstrip("\r\n"))]
     dropped = len(lines) - len(kept)
     if not dropped:
