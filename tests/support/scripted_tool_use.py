@@ -14,10 +14,13 @@ comes back is replaced:
 
     [{"tool": "Agent", "inputs": [{"subagent_type": "Explore", "description": "...", "prompt": "..."}, ...]}]
 
-A step answers the first `POST /v1/messages` that offers a tool named `tool`
-and whose last message (system messages aside: Claude Code sends its
-environment after the prompt) is a fresh user prompt without a `tool_result`:
-one streamed assistant message with one `tool_use` block per input, so two
+A step answers the first `POST /v1/messages` or `POST /v1/chat/completions`
+that offers a tool named `tool` and whose last message (system messages
+aside: Claude Code sends its environment after the prompt) is a fresh user
+prompt without a `tool_result` (on the OpenAI path a tool result is a
+`role:"tool"` message, so it is never last of a fresh prompt): one streamed
+assistant message with one tool call per input, in the protocol the request
+spoke (Anthropic `tool_use` blocks, OpenAI `tool_calls` deltas), so two
 inputs start two subagents at once. The usage the engine reported is kept.
 Load it after the recorder, which then records the engine's own answer.
 """
@@ -33,6 +36,8 @@ from mitmproxy import ctx, http
 logger = logging.getLogger(__name__)
 
 SCRIPTED_CALLS = "scripted_calls"
+ANTHROPIC_PATH = "/v1/messages"
+OPENAI_PATH = "/v1/chat/completions"
 
 
 def sse_event(name: str, data: dict) -> bytes:
@@ -40,7 +45,7 @@ def sse_event(name: str, data: dict) -> bytes:
 
 
 def usage_in(stream: bytes) -> dict:
-    """The usage objects of Anthropic SSE events, merged."""
+    """The usage objects of Anthropic SSE events (or OpenAI chunks, whose last one carries it), merged."""
     usage: dict = {}
     for line in stream.decode("utf-8", "replace").splitlines():
         if not line.startswith("data:"):
@@ -79,6 +84,26 @@ def tool_use_events(model: str, calls: list[tuple[str, str, dict]], usage: dict)
     return b"".join(events)
 
 
+def tool_call_chunks(model: str, calls: list[tuple[str, str, dict]], usage: dict) -> bytes:
+    """An OpenAI streamed chat completion whose message is the given (id, name, input) tool calls,
+    ending as vllm-mlx ends one: a `finish_reason` chunk, a usage chunk, `[DONE]`."""
+    def chunk(choices: list, **extra) -> bytes:
+        data = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": model, "choices": choices, **extra}
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    deltas = [{"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(tool_input)}}
+              for index, (call_id, name, tool_input) in enumerate(calls)]
+    return b"".join([
+        chunk([{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": deltas}, "finish_reason": None}]),
+        chunk([{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]),
+        chunk([], usage={**usage, "completion_tokens": len(calls)}),
+        b"data: [DONE]\n\n",
+    ])
+
+
+SCRIPTED_ANSWERS = {ANTHROPIC_PATH: tool_use_events, OPENAI_PATH: tool_call_chunks}
+
+
 def ends_with_user_prompt(body: dict) -> bool:
     messages = [message for message in body.get("messages") or [] if message.get("role") != "system"]
     if not messages or messages[-1].get("role") != "user":
@@ -88,7 +113,13 @@ def ends_with_user_prompt(body: dict) -> bool:
 
 
 def offered(body: dict) -> set[str]:
-    return {tool.get("name") for tool in body.get("tools") or [] if isinstance(tool, dict)}
+    """Tool names, Anthropic (`name`) or OpenAI (`function.name`)."""
+    names = set()
+    for tool in body.get("tools") or []:
+        if isinstance(tool, dict):
+            function = tool.get("function")
+            names.add(function.get("name") if isinstance(function, dict) else tool.get("name"))
+    return names
 
 
 class ScriptedToolUse:
@@ -104,7 +135,8 @@ class ScriptedToolUse:
             self.steps = json.loads(Path(ctx.options.scripted_tool_uses).read_text())
 
     def request(self, flow: http.HTTPFlow) -> None:
-        if not self.steps or flow.request.method != "POST" or flow.request.path.split("?")[0] != "/v1/messages":
+        path = flow.request.path.split("?")[0]
+        if not self.steps or flow.request.method != "POST" or path not in SCRIPTED_ANSWERS:
             return
         try:
             body = json.loads(flow.request.content or b"")
@@ -116,7 +148,7 @@ class ScriptedToolUse:
         self.steps.pop(0)
         self.answered += 1
         calls = [(f"toolu_scripted_{self.answered:02d}_{index:02d}", step["tool"], tool_input) for index, tool_input in enumerate(step["inputs"])]
-        flow.metadata[SCRIPTED_CALLS] = {"model": str(body.get("model", "")), "calls": calls}
+        flow.metadata[SCRIPTED_CALLS] = {"model": str(body.get("model", "")), "calls": calls, "path": path}
         logger.info(f"scripted_tool_use: the engine's answer will be {len(calls)} {step['tool']} call(s)")
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -130,7 +162,8 @@ class ScriptedToolUse:
             engine_answer.append(previous(chunk) if previous else chunk)
             if chunk:
                 return []  # nothing of the engine's answer goes on
-            return [tool_use_events(script["model"], script["calls"], usage_in(b"".join(engine_answer)))]
+            answer = SCRIPTED_ANSWERS[script["path"]]
+            return [answer(script["model"], script["calls"], usage_in(b"".join(engine_answer)))]
 
         flow.response.stream = replace
         flow.response.headers.pop("content-length", None)
