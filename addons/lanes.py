@@ -169,7 +169,8 @@ def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = Non
     deferred = deferred_tool_names(body, api)
     tools = tuple(sorted(name for name in tool_names(body) if name not in deferred))
     if agent_id is None and agent.instance_by_first_prompt and tools and not AGENT_TOOLS & set(tools):
-        agent_id = first_prompt_digest(body)
+        agent_id = first_prompt_digest(body)  # tools, but none to start subagents with: a subagent
+        says_subagent = agent_id is not None
     instance = agent.instance_name(agent_id) if agent_id else None
     return LaneSignature(tools, "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body), instance)
 

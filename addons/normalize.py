@@ -484,12 +484,10 @@ def _is_reminder_block(block: Any) -> bool:
 
 def _insert_after_leading_reminders(messages: list, index: int, blocks: list) -> None:
     """Put text blocks into `messages[index]` after the <system-reminder> blocks it starts with,
-    conversation context and turn reminders aside (a string content becomes one text block): what
-    the agent itself leads with and never changes stays first, conversation context comes next,
-    turn reminders (which change most) last."""
+    turn reminders aside (a string content becomes one text block): what the agent itself leads
+    with stays first, then conversation context, then turn reminders, which change most."""
     content = _as_blocks(messages[index]["content"])
-    lead = next((i for i, block in enumerate(content) if not _is_reminder_block(block) or turn_reminder_name(block)
-                 or _is_startup_context(block)), len(content))
+    lead = next((i for i, block in enumerate(content) if not _is_reminder_block(block) or turn_reminder_name(block)), len(content))
     messages[index] = {**messages[index], "content": content[:lead] + blocks + content[lead:]}
 
 
