@@ -1,4 +1,4 @@
-"""`stable-prefix up` and `stable-prefix claude`, run as a user runs them: real processes, real signals.
+"""`stable-prefix up`, and `stable-prefix claude|opencode|qwen` against it, run as a user runs them: real processes, real signals.
 
 The launcher is started as a subprocess with the test's tiny model; the tests
 read what it prints, send requests through it, and check which processes are
@@ -26,7 +26,7 @@ import requests
 from fixtures import claude_code as fixtures
 
 from stable_prefix.live import live_line
-from stable_prefix.tools import claude_code
+from stable_prefix.tools import claude_code, opencode, qwen_code
 from tests.support.llm_client import send
 from tests.support.models import require_model
 from tests.support.processes import LOOPBACK, VENV_BIN, free_port, port_open
@@ -358,3 +358,92 @@ def test_claude_starts_without_a_key_prompt(web_stack, claude_binary, tmp_path):
         session.wait_until_ready(timeout=90)  # raises on any first-run dialog, the key prompt included
     finally:
         session.close()
+
+
+# --- stable-prefix opencode, stable-prefix qwen --------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["opencode", "qwen"])
+def test_an_agent_without_a_running_stack_says_how_to_start_one(command, tmp_path):
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, "--port", "18123", "hi"], capture_output=True,
+                            text=True, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+    assert result.returncode == 2
+    assert f"stable-prefix {command}: no stack is running on port 18123" in result.stderr
+    assert "stable-prefix up MODEL --port 18123" in result.stderr
+
+
+def new_requests(captures: Path, earlier: set[Path], timeout: float = 30.0) -> list[dict]:
+    """The capture records written since `earlier`, once the proxy has written them (as each answer ends)."""
+    deadline = time.monotonic() + timeout
+    while not set(captures.glob("*.json")) - earlier and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # a side request of the same run may still be finishing
+    return [json.loads(path.read_text()) for path in sorted(set(captures.glob("*.json")) - earlier)]
+
+
+@pytest.fixture(scope="module")
+def opencode_binary() -> Path:
+    try:
+        return opencode.install()
+    except claude_code.ClaudeCodeUnavailable as error:
+        pytest.fail(f"the opencode launcher test cannot run: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def qwen_cli() -> Path:
+    try:
+        return qwen_code.install()
+    except claude_code.ClaudeCodeUnavailable as error:
+        pytest.fail(f"the Qwen Code launcher test cannot run: {error}", pytrace=False)
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_opencode_runs_against_the_stack_with_the_served_model_whatever_the_users_config(web_stack, opencode_binary, tmp_path):
+    launcher, state = web_stack
+    home, project = tmp_path / "home", tmp_path / "project"
+    (home / ".config" / "opencode").mkdir(parents=True)
+    project.mkdir()
+    users_own = json.dumps({"model": "some-cloud/big-model"})
+    (home / ".config" / "opencode" / "opencode.json").write_text(users_own)
+    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home)}
+    captures = Path(state["captures"])
+    earlier = set(captures.glob("*.json"))
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), "opencode", "--port", str(launcher.port), "--opencode", str(opencode_binary),
+                             "run", "Say hello."], capture_output=True, text=True, env=environment, cwd=project, timeout=600,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, f"stable-prefix opencode failed:\n{result.stdout}\n{result.stderr}"
+    from_opencode = new_requests(captures, earlier)
+    assert from_opencode, "no request of opencode reached the proxy"
+    for record in from_opencode:
+        assert record["client_body"]["model"] == state["model"], "opencode was not told the served model's name"
+        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "opencode asks for more than the stack gives"
+        assert record["request"]["headers"]["user-agent"].startswith("opencode/")
+        assert record["response"]["status"] == 200
+    assert (home / ".config" / "opencode" / "opencode.json").read_text() == users_own, "the user's own config is left as it was"
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_qwen_runs_against_the_stack_with_the_served_model_and_its_settings_written_for_it(web_stack, qwen_cli, tmp_path):
+    launcher, state = web_stack
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home),
+                   "OPENAI_API_KEY": "sk-the-users-own-key", "OPENAI_BASE_URL": "https://api.example.invalid/v1"}
+    captures = Path(state["captures"])
+    earlier = set(captures.glob("*.json"))
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), "qwen", "--port", str(launcher.port), "--qwen", str(qwen_cli),
+                             "Say hello."], capture_output=True, text=True, env=environment, cwd=project, timeout=600,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, f"stable-prefix qwen failed:\n{result.stdout}\n{result.stderr}"
+    from_qwen = new_requests(captures, earlier)
+    assert from_qwen, "no request of Qwen Code reached the proxy (not the user's OPENAI_BASE_URL)"
+    for record in from_qwen:
+        assert record["client_body"]["model"] == state["model"], "Qwen Code was not told the served model's name"
+        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "Qwen Code asks for more than the stack gives"
+        assert record["request"]["headers"]["user-agent"].startswith("QwenCode/")
+    settings = launcher.state_path.with_name(f"qwen-settings-{launcher.port}.json")
+    assert json.loads(settings.read_text())["privacy"] == {"usageStatisticsEnabled": False}
+    assert settings.stat().st_mode & 0o777 == 0o600

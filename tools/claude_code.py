@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from stable_prefix.tools import scratch_project
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_PACKAGE = "@anthropic-ai/claude-code"
 # Pinned: the request shapes (tools, system blocks, side requests) change between releases.
@@ -198,19 +200,11 @@ class Sandbox:
 
     def git(self, *arguments: str) -> str:
         """Run git in the working directory, with an identity of its own and none of the caller's config."""
-        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "GIT_CONFIG_NOSYSTEM": "1",
-                       "GIT_AUTHOR_NAME": "Sandbox", "GIT_AUTHOR_EMAIL": "sandbox@example.invalid",
-                       "GIT_COMMITTER_NAME": "Sandbox", "GIT_COMMITTER_EMAIL": "sandbox@example.invalid"}
-        completed = subprocess.run(["git", *arguments], cwd=self.workdir, env=environment, capture_output=True, text=True, timeout=60)
-        if completed.returncode != 0:
-            raise RuntimeError(f"git {' '.join(arguments)} in {self.workdir} failed: {completed.stderr.strip()}")
-        return completed.stdout
+        return scratch_project.git(self.workdir, self.home, *arguments)
 
     def commit(self, path: str, text: str, message: str) -> None:
         """Write a file and commit it (a change the next conversation's git status shows)."""
-        (self.workdir / path).write_text(text)
-        self.git("add", path)
-        self.git("commit", "--quiet", "-m", message)
+        scratch_project.commit(self.workdir, self.home, path, text, message)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stable_prefix.tools import npm_cli
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, REQUEST_TIMEOUT_MS, ClaudeCodeUnavailable
 
 ROUTER_PACKAGE = "@musistudio/claude-code-router"
@@ -66,30 +67,15 @@ def find_router(router_dir: Path = DEFAULT_ROUTER_DIR) -> Path | None:
 
 
 def installed_version(router_dir: Path) -> str | None:
-    manifest = router_dir / "node_modules" / ROUTER_PACKAGE / "package.json"
-    try:
-        return json.loads(manifest.read_text()).get("version")
-    except (OSError, ValueError):
-        return None
+    return npm_cli.installed_version(router_dir, ROUTER_PACKAGE)
 
 
 def install(router_dir: Path = DEFAULT_ROUTER_DIR, version: str = ROUTER_VERSION) -> Path:
     """Install the pinned router into `router_dir` unless it is there; return its `cli.js`."""
+    npm_cli.install_package(router_dir, ROUTER_PACKAGE, version)
     cli = find_router(router_dir)
-    if cli and installed_version(router_dir) == version:
-        return cli
-    npm = shutil.which("npm")
-    if npm is None:
-        raise ClaudeCodeUnavailable(f"npm not found on PATH, so {ROUTER_PACKAGE} {version} cannot be installed into {router_dir}")
-    router_dir.mkdir(parents=True, exist_ok=True)
-    command = [npm, "install", "--prefix", str(router_dir), "--no-audit", "--no-fund", "--no-save", "--loglevel=error",
-               f"{ROUTER_PACKAGE}@{version}"]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if completed.returncode != 0:
-        raise ClaudeCodeUnavailable(f"`{' '.join(command)}` failed with exit code {completed.returncode}:\n{completed.stderr[-3000:]}")
-    cli = find_router(router_dir)
-    if cli is None or installed_version(router_dir) != version:
-        raise ClaudeCodeUnavailable(f"npm installed {ROUTER_PACKAGE}@{version} into {router_dir}, but {cli} is not version {version}")
+    if cli is None:
+        raise ClaudeCodeUnavailable(f"npm installed {ROUTER_PACKAGE}@{version} into {router_dir}, but it has no dist/cli.js")
     return cli
 
 
