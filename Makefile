@@ -16,7 +16,7 @@ FAMILIES := qwen3_5 gpt_oss gemma3_text nemotron_h
 FAMILY_MODELS := $(foreach family,$(FAMILIES),build/tiny-$(family)/config.json)
 MLX_LM_032 := build/mlx-lm-0.32
 
-.PHONY: setup tiny-model tiny-model-test tiny-families lint test demo bench bench-hybrid serve e2e-claude e2e-ccr clean
+.PHONY: setup tiny-model tiny-model-test tiny-families lint test demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-opencode e2e-qwen clean
 
 setup: $(VENV)/.setup-done
 
@@ -112,6 +112,17 @@ e2e-ccr: setup tiny-model-test
 	$(PY) -m stable_prefix.tools.claude_code install
 	$(PY) -m stable_prefix.tools.claude_code_router install
 	$(PY) -m pytest tests/test_ccr_e2e.py $(PYTEST_ARGS)
+
+# opencode and Qwen Code (pinned npm releases, into .claude-cli/opencode/ and
+# .claude-cli/qwen-code/) through the proxy's OpenAI path to the patched engine,
+# offline. `make test` runs them too (their tests install the CLIs).
+e2e-opencode: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.opencode install
+	$(PY) -m pytest tests/test_opencode_e2e.py $(PYTEST_ARGS)
+
+e2e-qwen: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.qwen_code install
+	$(PY) -m pytest tests/test_qwen_code_e2e.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

@@ -330,13 +330,14 @@ def _restarts_conversation(previous: PromptOrder, divergence: Divergence) -> boo
 
 
 def _goes_on(previous: PromptOrder, current: PromptOrder) -> bool:
-    """The current prompt continues the previous one's conversation: the same first prompt (its
-    own words, reminders aside) and the same first answer."""
+    """The current prompt continues the previous one's conversation: the same first prompt (its own
+    words, reminders aside), followed by an answer (a new conversation has none yet), the same one
+    where the previous prompt had one."""
     def opening(order: PromptOrder) -> tuple[str | None, Any]:
         answer = next((s.value for s in order.segments if isinstance(s.value, dict) and s.value.get("role") == "assistant"), None)
         return first_prompt_digest(_body_of(order)), answer
-    before = opening(previous)
-    return None not in before and before == opening(current)
+    (before_prompt, before_answer), (prompt, answer) = opening(previous), opening(current)
+    return before_prompt is not None and prompt == before_prompt and answer is not None and before_answer in (None, answer)
 
 
 def _changed_lines(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> list[str]:
