@@ -482,6 +482,13 @@ def _is_reminder_block(block: Any) -> bool:
     return _is_text_block(block) and block["text"].startswith("<system-reminder>")
 
 
+def _first_user_with_blocks(body: dict) -> int | None:
+    """The index of the first user message, when its content can take text blocks (a string or a list)."""
+    messages = body.get("messages")
+    first_user = _first_user_index(messages) if isinstance(messages, list) else None
+    return first_user if first_user is not None and _as_blocks(messages[first_user].get("content")) is not None else None
+
+
 def _insert_after_leading_reminders(messages: list, index: int, blocks: list) -> None:
     """Put text blocks into `messages[index]` after the <system-reminder> blocks it starts with,
     turn reminders aside (a string content becomes one text block): what the agent itself leads
@@ -507,11 +514,7 @@ def relocate_git_status(body: dict, api: Api) -> list[Change]:
     text block. The first user message becomes a list of blocks (a string is
     its one text block), so the bytes are the same whether Claude Code sends
     that message as a list or, on later turns, as a string."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return []
-    first_user = _first_user_index(messages)
-    if first_user is None or _as_blocks(messages[first_user].get("content")) is None:
+    if _first_user_with_blocks(body) is None:
         return []
     paragraphs, changes, emptied = [], [], []
     for path, container, key in list(_system_text_places(body, api)):
@@ -547,11 +550,7 @@ def relocate_conversation_context(body: dict, api: Api) -> list[Change]:
     sat before the tools or before reminders that never change, so a new
     conversation re-read all of those; where it lands, system prompt, tools and
     the agent's fixed reminders stay shared."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return []
-    first_user = _first_user_index(messages)
-    if first_user is None or _as_blocks(messages[first_user].get("content")) is None:
+    if _first_user_with_blocks(body) is None:
         return []
     pieces, changes, emptied = [], [], []
     for path, container, key in list(_system_text_places(body, api)):
@@ -594,12 +593,10 @@ def pin_turn_reminders(body: dict, api: Api) -> list[Change]:
     same place on every request, and moves only when it changes (the date at
     midnight, a switch of mode). A later message that holds nothing else is
     left as it is."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    first_user = _first_user_with_blocks(body)
+    if first_user is None:
         return []
-    first_user = _first_user_index(messages)
-    if first_user is None or _as_blocks(messages[first_user].get("content")) is None:
-        return []
+    messages = body["messages"]
     first_before = messages[first_user]
     moved: dict[str, dict] = {}
     changes = []

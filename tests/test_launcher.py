@@ -26,7 +26,7 @@ import requests
 from fixtures import claude_code as fixtures
 
 from stable_prefix.live import live_line
-from stable_prefix.tools import claude_code, opencode, qwen_code
+from stable_prefix.tools import claude_code
 from tests.support.llm_client import send
 from tests.support.models import require_model
 from tests.support.processes import LOOPBACK, VENV_BIN, free_port, port_open
@@ -372,29 +372,21 @@ def test_an_agent_without_a_running_stack_says_how_to_start_one(command, tmp_pat
     assert "stable-prefix up MODEL --port 18123" in result.stderr
 
 
-def new_requests(captures: Path, earlier: set[Path], timeout: float = 30.0) -> list[dict]:
-    """The capture records written since `earlier`, once the proxy has written them (as each answer ends)."""
-    deadline = time.monotonic() + timeout
+def requests_of_a_launch(web_stack, arguments: list[str], environment: dict[str, str], cwd: Path) -> list[dict]:
+    """Run `stable-prefix COMMAND --port P …` against the stack as a user would; the capture records of
+    what it sent, once the proxy has written them (as each answer ends)."""
+    launcher, state = web_stack
+    captures = Path(state["captures"])
+    earlier = set(captures.glob("*.json"))
+    command, *rest = arguments
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, "--port", str(launcher.port), *rest], capture_output=True,
+                            text=True, env=environment, cwd=cwd, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, f"stable-prefix {command} failed:\n{result.stdout}\n{result.stderr}"
+    deadline = time.monotonic() + 30
     while not set(captures.glob("*.json")) - earlier and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # a side request of the same run may still be finishing
     return [json.loads(path.read_text()) for path in sorted(set(captures.glob("*.json")) - earlier)]
-
-
-@pytest.fixture(scope="module")
-def opencode_binary() -> Path:
-    try:
-        return opencode.install()
-    except claude_code.ClaudeCodeUnavailable as error:
-        pytest.fail(f"the opencode launcher test cannot run: {error}", pytrace=False)
-
-
-@pytest.fixture(scope="module")
-def qwen_cli() -> Path:
-    try:
-        return qwen_code.install()
-    except claude_code.ClaudeCodeUnavailable as error:
-        pytest.fail(f"the Qwen Code launcher test cannot run: {error}", pytrace=False)
 
 
 @pytest.mark.server
@@ -407,13 +399,7 @@ def test_opencode_runs_against_the_stack_with_the_served_model_whatever_the_user
     users_own = json.dumps({"model": "some-cloud/big-model"})
     (home / ".config" / "opencode" / "opencode.json").write_text(users_own)
     environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home)}
-    captures = Path(state["captures"])
-    earlier = set(captures.glob("*.json"))
-    result = subprocess.run([str(VENV_BIN / "stable-prefix"), "opencode", "--port", str(launcher.port), "--opencode", str(opencode_binary),
-                             "run", "Say hello."], capture_output=True, text=True, env=environment, cwd=project, timeout=600,
-                            stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, f"stable-prefix opencode failed:\n{result.stdout}\n{result.stderr}"
-    from_opencode = new_requests(captures, earlier)
+    from_opencode = requests_of_a_launch(web_stack, ["opencode", "--opencode", str(opencode_binary), "run", "Say hello."], environment, project)
     assert from_opencode, "no request of opencode reached the proxy"
     for record in from_opencode:
         assert record["client_body"]["model"] == state["model"], "opencode was not told the served model's name"
@@ -432,13 +418,7 @@ def test_qwen_runs_against_the_stack_with_the_served_model_and_its_settings_writ
     project.mkdir()
     environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home),
                    "OPENAI_API_KEY": "sk-the-users-own-key", "OPENAI_BASE_URL": "https://api.example.invalid/v1"}
-    captures = Path(state["captures"])
-    earlier = set(captures.glob("*.json"))
-    result = subprocess.run([str(VENV_BIN / "stable-prefix"), "qwen", "--port", str(launcher.port), "--qwen", str(qwen_cli),
-                             "Say hello."], capture_output=True, text=True, env=environment, cwd=project, timeout=600,
-                            stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, f"stable-prefix qwen failed:\n{result.stdout}\n{result.stderr}"
-    from_qwen = new_requests(captures, earlier)
+    from_qwen = requests_of_a_launch(web_stack, ["qwen", "--qwen", str(qwen_cli), "Say hello."], environment, project)
     assert from_qwen, "no request of Qwen Code reached the proxy (not the user's OPENAI_BASE_URL)"
     for record in from_qwen:
         assert record["client_body"]["model"] == state["model"], "Qwen Code was not told the served model's name"

@@ -24,18 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_code, opencode
+from stable_prefix.tools import opencode
 from stable_prefix.tools.scratch_project import ScratchProject
 from tests.support import agent_stack
 from tests.support.agent_stack import Stack
 from tests.support.agent_turns import (
     CHAT_PATH,
-    assert_captured_at_both_ends,
     assert_every_later_request_reuses,
-    collect_turns,
+    assert_ran,
+    finished_turns,
     greedy_answer,
     lane_turns,
-    print_turns,
 )
 from tests.support.models import require_model
 
@@ -50,14 +49,6 @@ TURN_TIMEOUT_S = 600.0
 BEFORE_MIDNIGHT, AFTER_MIDNIGHT = "Etc/GMT+12", "Etc/GMT-14"
 
 
-@pytest.fixture(scope="module")
-def opencode_binary() -> Path:
-    try:
-        return opencode.install()
-    except claude_code.ClaudeCodeUnavailable as error:
-        pytest.fail(f"the opencode end-to-end tests cannot run: {error}", pytrace=False)
-
-
 @contextlib.contextmanager
 def agent_in_stack(tmp_path: Path, binary: Path, script: list[dict] | None = None) -> Iterator[tuple[Stack, opencode.OpenCode]]:
     with agent_stack.running_stack(tmp_path / "stack", require_model(), SERVED_MODEL, ANSWER_TOKENS, CHAT_PATH, script) as stack:
@@ -66,17 +57,11 @@ def agent_in_stack(tmp_path: Path, binary: Path, script: list[dict] | None = Non
 
 
 def run(cli: opencode.OpenCode, prompt: str, **options) -> None:
-    result = cli.run_turn(prompt, timeout=TURN_TIMEOUT_S, **options)
-    assert result.returncode == 0, f"opencode run {prompt!r} failed:\n{result.stdout}\n{result.stderr}"
+    assert_ran(cli.run_turn(prompt, timeout=TURN_TIMEOUT_S, **options), f"opencode run {prompt!r}")
 
 
-def finished_turns(stack: Stack, title: str, started: float, capsys) -> list:
-    stack.wait_until_quiet(timeout=TURN_TIMEOUT_S)  # records are written as each stream ends, maybe after opencode exits
-    turns = collect_turns(stack)
-    with capsys.disabled():  # the table is the run's evidence: show it when the test passes too
-        print_turns(title, turns, stack.cache_stats(), time.monotonic() - started)
-    assert_captured_at_both_ends(turns, SERVED_MODEL)
-    return turns
+def finished(stack: Stack, title: str, started: float, capsys) -> list:
+    return finished_turns(stack, title, started, capsys, SERVED_MODEL, TURN_TIMEOUT_S)
 
 
 def test_a_conversation_with_a_tool_turn_reuses_its_prompt_on_every_continued_turn(opencode_binary, tmp_path, capsys):
@@ -87,7 +72,7 @@ def test_a_conversation_with_a_tool_turn_reuses_its_prompt_on_every_continued_tu
         for index, prompt in enumerate(["Read the README.", "Now say it in French.", "And in German."]):
             run(agent, prompt, continue_conversation=index > 0)
             reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
-        turns = finished_turns(stack, "opencode run, a tool turn, then --continue twice", started, capsys)
+        turns = finished(stack, "opencode run, a tool turn, then --continue twice", started, capsys)
         main = lane_turns(turns, "main")
         with agent_stack.shipped_engine(tmp_path / "shipped", require_model(), SERVED_MODEL) as shipped:
             last = main[-1].arrived["request"]
@@ -111,7 +96,7 @@ def test_a_new_conversation_in_the_same_repository_after_an_edit_and_a_commit_re
         agent.project.commit("notes.md", "Remember to write the tests first.\n", "Add notes")
         stats_before = stack.cache_stats()
         run(agent, "Now say goodbye in one word.")
-        turns = finished_turns(stack, "opencode run, an edit and a commit, opencode run again", started, capsys)
+        turns = finished(stack, "opencode run, an edit and a commit, opencode run again", started, capsys)
         stats = stack.cache_stats()
 
     first, second = lane_turns(turns, "main")
@@ -128,7 +113,7 @@ def test_plan_mode_turns_keep_their_prefix_and_the_switch_to_build_is_named(open
         run(agent, "Refine the plan.", agent="plan", continue_conversation=True)
         run(agent, "Now build it.", agent="build", continue_conversation=True)
         run(agent, "Thanks.", agent="build", continue_conversation=True)
-        turns = finished_turns(stack, "opencode run --agent plan twice, then --agent build twice", started, capsys)
+        turns = finished(stack, "opencode run --agent plan twice, then --agent build twice", started, capsys)
 
     plan, refine, build, thanks = lane_turns(turns, "main")
     assert "<system-reminder>" in str(refine.capture["client_body"]["messages"][-1]), "opencode sent no mode reminder; has it changed?"
@@ -143,7 +128,7 @@ def test_a_conversation_continued_past_midnight_keeps_its_system_prompt_and_tool
         started = time.monotonic()
         run(agent, "Say hello in one word.", timezone=BEFORE_MIDNIGHT)
         run(agent, "Say it again.", continue_conversation=True, timezone=AFTER_MIDNIGHT)
-        turns = finished_turns(stack, "opencode run before midnight, --continue after", started, capsys)
+        turns = finished(stack, "opencode run before midnight, --continue after", started, capsys)
 
     before, after = lane_turns(turns, "main")
     systems = [turn.capture["client_body"]["messages"][0]["content"] for turn in (before, after)]
@@ -161,7 +146,7 @@ def test_two_explore_subagents_each_reuse_their_own_instances_prefix(opencode_bi
     with agent_in_stack(tmp_path, opencode_binary, script) as (stack, agent):
         started = time.monotonic()
         run(agent, "Explore this repository with two explore agents at once.")
-        turns = finished_turns(stack, "opencode run starting two explore subagents", started, capsys)
+        turns = finished(stack, "opencode run starting two explore subagents", started, capsys)
 
     instances: dict[str, list] = {}
     for turn in turns:

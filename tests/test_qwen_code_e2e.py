@@ -26,17 +26,16 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_code, qwen_code
+from stable_prefix.tools import qwen_code
 from stable_prefix.tools.scratch_project import ScratchProject
 from tests.support import agent_stack
 from tests.support.agent_stack import Stack
 from tests.support.agent_turns import (
     CHAT_PATH,
-    assert_captured_at_both_ends,
-    collect_turns,
+    assert_ran,
+    finished_turns,
     greedy_answer,
     lane_turns,
-    print_turns,
 )
 from tests.support.models import require_model
 
@@ -51,14 +50,6 @@ MIN_NEW_CONVERSATION_REUSE = 0.90
 TURN_TIMEOUT_S = 600.0
 
 
-@pytest.fixture(scope="module")
-def qwen_cli() -> Path:
-    try:
-        return qwen_code.install()
-    except claude_code.ClaudeCodeUnavailable as error:
-        pytest.fail(f"the Qwen Code end-to-end tests cannot run: {error}", pytrace=False)
-
-
 @contextlib.contextmanager
 def agent_in_stack(tmp_path: Path, cli: Path, script: list[dict] | None = None) -> Iterator[tuple[Stack, qwen_code.QwenCode]]:
     with agent_stack.running_stack(tmp_path / "stack", require_model(), SERVED_MODEL, ANSWER_TOKENS, CHAT_PATH, script) as stack:
@@ -67,17 +58,11 @@ def agent_in_stack(tmp_path: Path, cli: Path, script: list[dict] | None = None) 
 
 
 def run(cli: qwen_code.QwenCode, prompt: str, **options) -> None:
-    result = cli.run_turn(prompt, timeout=TURN_TIMEOUT_S, **options)
-    assert result.returncode == 0, f"qwen {prompt!r} failed:\n{result.stdout}\n{result.stderr}"
+    assert_ran(cli.run_turn(prompt, timeout=TURN_TIMEOUT_S, **options), f"qwen {prompt!r}")
 
 
-def finished_turns(stack: Stack, title: str, started: float, capsys) -> list:
-    stack.wait_until_quiet(timeout=TURN_TIMEOUT_S)  # records are written as each stream ends, maybe after qwen exits
-    turns = collect_turns(stack)
-    with capsys.disabled():  # the table is the run's evidence: show it when the test passes too
-        print_turns(title, turns, stack.cache_stats(), time.monotonic() - started)
-    assert_captured_at_both_ends(turns, SERVED_MODEL)
-    return turns
+def finished(stack: Stack, title: str, started: float, capsys) -> list:
+    return finished_turns(stack, title, started, capsys, SERVED_MODEL, TURN_TIMEOUT_S)
 
 
 # A file worth reading: as Qwen Code sends them, the next turn re-reads the whole tool turn.
@@ -93,7 +78,7 @@ def test_a_conversation_with_a_tool_turn_reuses_its_prompt_on_every_continued_tu
         for index, prompt in enumerate(["Read the design notes.", "Now say it in French.", "And in German."]):
             run(agent, prompt, continue_conversation=index > 0)
             reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
-        turns = finished_turns(stack, "qwen, a tool turn, then qwen --continue twice", started, capsys)
+        turns = finished(stack, "qwen, a tool turn, then qwen --continue twice", started, capsys)
         main = lane_turns(turns, "main")
         with agent_stack.shipped_engine(tmp_path / "shipped", require_model(), SERVED_MODEL) as shipped:
             last = main[-1].arrived["request"]
@@ -121,7 +106,7 @@ def test_a_new_conversation_in_the_same_repository_after_an_edit_and_a_commit_re
         agent.project.commit("README.md", "A small project, with notes.\n", "Say more in the README")
         agent.project.commit("notes.md", "Remember to write the tests first.\n", "Add notes")
         run(agent, "Now say goodbye in one word.")
-        turns = finished_turns(stack, "qwen, an edit and a commit (a new file), qwen again", started, capsys)
+        turns = finished(stack, "qwen, an edit and a commit (a new file), qwen again", started, capsys)
 
     first, second = lane_turns(turns, "main")
     assert second.diagnosis["cause"] == "new conversation", second.diagnosis["line"]
@@ -136,7 +121,7 @@ def test_a_conversation_continued_after_a_commit_keeps_its_system_prompt_tools_a
         run(agent, "Say hello in one word.")
         agent.project.commit("notes.md", "Remember to write the tests first.\n", "Add notes")
         run(agent, "Go on after the commit.", continue_conversation=True)
-        turns = finished_turns(stack, "qwen, a commit (a new file), qwen --continue", started, capsys)
+        turns = finished(stack, "qwen, a commit (a new file), qwen --continue", started, capsys)
 
     before, after = lane_turns(turns, "main")[-2:]
     assert after.diagnosis["cause"] == "context changed", "Qwen Code rebuilt its startup context; the conversation went on"
@@ -151,7 +136,7 @@ def test_two_explore_subagents_each_reuse_their_own_instances_prefix(qwen_cli, t
     with agent_in_stack(tmp_path, qwen_cli, script) as (stack, agent):
         started = time.monotonic()
         run(agent, "Explore this repository with two Explore agents at once.", approval_mode="yolo")
-        turns = finished_turns(stack, "qwen --approval-mode yolo starting two Explore subagents", started, capsys)
+        turns = finished(stack, "qwen --approval-mode yolo starting two Explore subagents", started, capsys)
 
     instances: dict[str, list] = {}
     for turn in turns:

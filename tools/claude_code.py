@@ -110,22 +110,25 @@ def stack_environment(base_url: str, model: str, max_output_tokens: int) -> dict
     }
 
 
-def user_binary(explicit: str | None = None) -> Path:
-    """The Claude Code to launch for a user: `explicit`, else `claude` on PATH, else the pinned one in `.claude-cli/`."""
+def executable(explicit: str | None, name: str, pinned: Path | None, missing: str) -> Path:
+    """The agent to launch for a user: `explicit`, else `name` on PATH, else the `pinned` install;
+    `missing` says how to get one when there is none."""
     if explicit:
         path = Path(explicit).expanduser()
         if not os.access(path, os.X_OK):
             raise ClaudeCodeUnavailable(f"{explicit}: not an executable file")
         return path
-    on_path = shutil.which("claude")
-    if on_path:
-        return Path(on_path)
-    pinned = find_binary()
-    if pinned:
-        return pinned
-    raise ClaudeCodeUnavailable(
+    found = shutil.which(name) or pinned
+    if found:
+        return Path(found)
+    raise ClaudeCodeUnavailable(missing)
+
+
+def user_binary(explicit: str | None = None) -> Path:
+    """The Claude Code to launch for a user: `explicit`, else `claude` on PATH, else the pinned one in `.claude-cli/`."""
+    return executable(explicit, "claude", find_binary(), (
         f"no Claude Code found: none on PATH and none in {DEFAULT_CLI_DIR}. Install it with "
-        f"`npm install -g {CLI_PACKAGE}`, or the pinned {CLI_VERSION} with `python -m stable_prefix.tools.claude_code install`.")
+        f"`npm install -g {CLI_PACKAGE}`, or the pinned {CLI_VERSION} with `python -m stable_prefix.tools.claude_code install`."))
 
 
 def installed_version(binary: Path) -> str | None:

@@ -168,17 +168,7 @@ class Router:
 
 
 def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["install"])
-    parser.add_argument("--router-dir", type=Path, default=DEFAULT_ROUTER_DIR)
-    args = parser.parse_args()
-    try:
-        cli = install(args.router_dir)
-    except ClaudeCodeUnavailable as error:
-        sys.exit(f"error: {error}")
-    print(f"{cli} ({installed_version(args.router_dir)})")
+    npm_cli.install_command(__doc__.splitlines()[0], install, DEFAULT_ROUTER_DIR, ROUTER_PACKAGE)
 
 
 if __name__ == "__main__":

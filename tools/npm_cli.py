@@ -8,9 +8,12 @@ Claude Code itself, whose binary it checks by running it).
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from stable_prefix.tools.claude_code import ClaudeCodeUnavailable
@@ -42,3 +45,16 @@ def install_package(prefix: Path, package: str, version: str) -> None:
         raise ClaudeCodeUnavailable(f"`{' '.join(command)}` failed with exit code {completed.returncode}:\n{completed.stderr[-3000:]}")
     if installed_version(prefix, package) != version:
         raise ClaudeCodeUnavailable(f"npm installed {package}@{version} into {prefix}, but its package.json says {installed_version(prefix, package)!r}")
+
+
+def install_command(description: str, install: Callable[[Path], Path], default_dir: Path, package: str) -> None:
+    """`python -m stable_prefix.tools.<agent> install [--cli-dir DIR]`: install, print the CLI and its version."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("command", choices=["install"])
+    parser.add_argument("--cli-dir", type=Path, default=default_dir)
+    args = parser.parse_args()
+    try:
+        cli = install(args.cli_dir)
+    except ClaudeCodeUnavailable as error:
+        sys.exit(f"error: {error}")
+    print(f"{cli} ({installed_version(args.cli_dir, package)})")

@@ -18,17 +18,15 @@ it) and a scratch git repository.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.tools import npm_cli
-from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, ClaudeCodeUnavailable, is_native_executable
+from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, ClaudeCodeUnavailable, executable, is_native_executable
 from stable_prefix.tools.scratch_project import ScratchProject
 
 PACKAGE = "opencode-ai"
@@ -94,16 +92,7 @@ def install(cli_dir: Path = DEFAULT_DIR, version: str = VERSION) -> Path:
 
 def user_binary(explicit: str | None = None) -> Path:
     """The opencode to launch for a user: `explicit`, else `opencode` on PATH, else the pinned one."""
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not os.access(path, os.X_OK):
-            raise ClaudeCodeUnavailable(f"{explicit}: not an executable file")
-        return path
-    found = shutil.which("opencode") or find_binary()
-    if found:
-        return Path(found)
-    raise ClaudeCodeUnavailable(f"no opencode found: none on PATH and none in {DEFAULT_DIR}. Install it with "
-                                f"`npm install -g {PACKAGE}`, or the pinned {VERSION} with `python -m stable_prefix.tools.opencode install`.")
+    return executable(explicit, "opencode", find_binary(), (f"{explicit}: not an executable file"))
 
 
 @dataclass(frozen=True)
@@ -143,15 +132,7 @@ class OpenCode:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["install"])
-    parser.add_argument("--cli-dir", type=Path, default=DEFAULT_DIR)
-    args = parser.parse_args()
-    try:
-        binary = install(args.cli_dir)
-    except ClaudeCodeUnavailable as error:
-        sys.exit(f"error: {error}")
-    print(f"{binary} ({npm_cli.installed_version(args.cli_dir, PACKAGE)})")
+    npm_cli.install_command(__doc__.splitlines()[0], install, DEFAULT_DIR, PACKAGE)
 
 
 if __name__ == "__main__":

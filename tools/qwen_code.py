@@ -20,18 +20,16 @@ throwaway HOME and a scratch git repository.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import stat
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.tools import npm_cli
-from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, ClaudeCodeUnavailable
+from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, ClaudeCodeUnavailable, executable
 from stable_prefix.tools.scratch_project import ScratchProject
 
 PACKAGE = "@qwen-code/qwen-code"
@@ -97,16 +95,7 @@ def install(cli_dir: Path = DEFAULT_DIR, version: str = VERSION) -> Path:
 
 def user_binary(explicit: str | None = None) -> Path:
     """The Qwen Code to launch for a user: `explicit`, else `qwen` on PATH, else the pinned one."""
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not os.access(path, os.X_OK):
-            raise ClaudeCodeUnavailable(f"{explicit}: not an executable file")
-        return path
-    found = shutil.which("qwen") or find_cli()
-    if found:
-        return Path(found)
-    raise ClaudeCodeUnavailable(f"no Qwen Code found: none on PATH and none in {DEFAULT_DIR}. Install it with "
-                                f"`npm install -g {PACKAGE}`, or the pinned {VERSION} with `python -m stable_prefix.tools.qwen_code install`.")
+    return executable(explicit, "qwen", find_cli(), (f"{explicit}: not an executable file"))
 
 
 @dataclass(frozen=True)
@@ -145,15 +134,7 @@ class QwenCode:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["install"])
-    parser.add_argument("--cli-dir", type=Path, default=DEFAULT_DIR)
-    args = parser.parse_args()
-    try:
-        cli = install(args.cli_dir)
-    except ClaudeCodeUnavailable as error:
-        sys.exit(f"error: {error}")
-    print(f"{cli} ({npm_cli.installed_version(args.cli_dir, PACKAGE)})")
+    npm_cli.install_command(__doc__.splitlines()[0], install, DEFAULT_DIR, PACKAGE)
 
 
 if __name__ == "__main__":

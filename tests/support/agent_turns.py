@@ -8,6 +8,8 @@ engine's usage is the measure of reuse: `prompt_tokens_details.cached_tokens` of
 
 from __future__ import annotations
 
+import subprocess
+import time
 from dataclasses import dataclass
 
 from tests.support.agent_stack import Stack
@@ -87,3 +89,18 @@ def greedy_answer(base_url: str, body: dict, max_tokens: int = 16) -> str:
     """The engine's greedy answer to `body` (not streamed)."""
     request = {key: value for key, value in body.items() if key != "stream_options"}
     return send(base_url, CHAT_PATH, {**request, "stream": False, "temperature": 0, "max_tokens": max_tokens}).text
+
+
+def assert_ran(result: subprocess.CompletedProcess[str], what: str) -> None:
+    assert result.returncode == 0, f"{what} failed:\n{result.stdout}\n{result.stderr}"
+
+
+def finished_turns(stack: Stack, title: str, started: float, capsys, served_model: str, timeout: float) -> list[Turn]:
+    """Once every request is recorded at both ends (each record is written as its stream ends, maybe
+    after the agent exited): the turns, printed as the run's evidence (when the test passes too)."""
+    stack.wait_until_quiet(timeout=timeout)
+    turns = collect_turns(stack)
+    with capsys.disabled():
+        print_turns(title, turns, stack.cache_stats(), time.monotonic() - started)
+    assert_captured_at_both_ends(turns, served_model)
+    return turns
