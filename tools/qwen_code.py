@@ -44,6 +44,8 @@ VENDORED_RIPGREP = "vendor/ripgrep/*/rg"
 def stack_settings(model: str) -> dict:
     """Qwen Code settings for a stack serving `model` (as a system settings file: they win)."""
     return {
+        # The settings format of 0.24: an older (or missing) version is migrated and the file rewritten.
+        "$version": 4,
         "security": {"auth": {"selectedType": "openai"}},
         "model": {"name": model},
         "privacy": {"usageStatisticsEnabled": False},
