@@ -23,7 +23,7 @@ BENCH_REPLY_TOKENS := 128
 RAPID_MLX_VERSION := 0.16.10
 RAPID_MLX_VENV := build/rapid-mlx-venv
 
-.PHONY: setup tiny-model tiny-model-test tiny-model-bench tiny-families rapid-mlx lint test demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex clean
+.PHONY: setup tiny-model tiny-model-test tiny-model-bench tiny-families rapid-mlx lint test demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen clean
 
 setup: $(VENV)/.setup-done
 
@@ -146,6 +146,17 @@ e2e-ccr: setup tiny-model-test
 e2e-codex: setup tiny-model-test
 	$(PY) -m stable_prefix.tools.codex_cli install
 	$(PY) -m pytest tests/test_codex_e2e.py tests/test_responses_e2e.py $(PYTEST_ARGS)
+
+# opencode and Qwen Code (pinned npm releases, into .claude-cli/opencode/ and
+# .claude-cli/qwen-code/) through the proxy's OpenAI path to the patched engine,
+# offline. `make test` runs them too (their tests install the CLIs).
+e2e-opencode: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.opencode install
+	$(PY) -m pytest tests/test_opencode_e2e.py $(PYTEST_ARGS)
+
+e2e-qwen: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.qwen_code install
+	$(PY) -m pytest tests/test_qwen_code_e2e.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

@@ -14,15 +14,23 @@ earned its keep. Every break of the forwarded pair gets a `cause`:
   <label>; <option> off   a disabled rule's subject sits where it broke
   environment             a line naming the working directory, platform,
                           model or date changed
+  mode switch             the agent's mode changed (opencode's plan and build:
+                          their turn reminders differ, and so does the `task`
+                          tool's list of subagents)
   compaction              the request newly carries the empty system message
                           Claude Code 2.1.3xx sends after /compact, or the
                           main agent's conversation restarted in the same
-                          session (`x-claude-code-session-id`)
+                          session (the agent's session header, `lanes.py`)
   history edited          the break lies in the conversation after its first
                           assistant message: a message was changed or the
                           history cut back (a rewind; the summary request of
                           /compact, which appends its instructions to an
                           earlier message)
+  context changed         it broke before the first assistant message, but
+                          the conversation went on (its first answer is the
+                          same): what leads it changed, e.g. the startup
+                          context Qwen Code rebuilds for every `qwen
+                          --continue` (its folder listing after a new file)
   new conversation        the main agent's conversation restarted (a new
                           session, `/clear`)
   new task                a subagent or side lane's conversation restarted
@@ -51,8 +59,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stable_prefix.addons import normalize, responses_input
-from stable_prefix.addons.lanes import LaneNames, LaneSignature, lane_group, lane_signature, session_id
+from stable_prefix.addons.lanes import LaneNames, LaneSignature, first_prompt_digest, lane_group, lane_signature, session_of
 from stable_prefix.addons.normalize import (
+    CONVERSATION_CONTEXT,
     CONVERSATION_KEY,
     GIT_STATUS,
     HOISTED_ROLES,
@@ -60,6 +69,7 @@ from stable_prefix.addons.normalize import (
     RULE_LABEL,
     SYSTEM_MESSAGES,
     TOOL_ORDER,
+    TURN_REMINDERS,
     Api,
     Change,
     Rules,
@@ -67,7 +77,9 @@ from stable_prefix.addons.normalize import (
 from stable_prefix.addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
 
 ENVIRONMENT = "environment"
+MODE_SWITCH = "mode switch"
 COMPACTION = "compaction"
+CONTEXT_CHANGED = "context changed"
 HISTORY_EDITED = "history edited"
 NEW_CONVERSATION = "new conversation"
 NEW_TASK = "new task"
@@ -89,14 +101,16 @@ class PromptSnapshot:
     api: Api
     order: PromptOrder
     signature: LaneSignature
-    session: str | None = None  # `lanes.session_id`: Claude Code's or Codex's conversation id
+    session: str | None = None  # the conversation, where the agent names it (`lanes.session_of`)
     empty_system_message: bool = False  # what Claude Code 2.1.3xx sends after /compact
+    mode: str | None = None  # the agent's mode, from its turn reminders (opencode's plan mode)
 
     @classmethod
     def of(cls, body: dict, api: Api, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
         messages = normalize.conversation(body, api) or []
         empty = any(isinstance(m, dict) and m.get("role") == "system" and m.get("content") in ("", []) for m in messages)
-        return cls(api, prompt_order(body, api), lane_signature(body, api, headers), session_id(headers), empty)
+        return cls(api, prompt_order(body, api), lane_signature(body, api, headers), session_of(headers), empty,
+                   normalize.agent_mode(body, api))
 
 
 @dataclass(frozen=True)
@@ -236,8 +250,12 @@ def explain(previous: PromptOrder, current: PromptOrder, divergence: Divergence,
                 return rule
             if _in_git_status(segment, offset):
                 return GIT_STATUS
+            if _in_conversation_context(segment, offset):
+                return CONVERSATION_CONTEXT
     if any(_is_mid_conversation_system_message(order, segment, api) for order, segment in pair):
         return SYSTEM_MESSAGES
+    if _holds_turn_reminder(pair[0][1]):
+        return TURN_REMINDERS
     if any(segment.path.startswith("tools[") for _, segment in pair):
         before, after = _tool_names(previous), _tool_names(current)
         if before != after and sorted(before) == sorted(after):
@@ -251,6 +269,20 @@ def _in_git_status(segment: Segment, offset: int) -> bool:
     text = segment.data.decode("utf-8", "replace")
     start = normalize.git_status_start(text)
     return start is not None and offset >= len(text[:start].encode("utf-8", "surrogatepass"))
+
+
+def _in_conversation_context(segment: Segment, offset: int) -> bool:
+    text = segment.data.decode("utf-8", "replace")
+    return any(len(text[:start].encode("utf-8", "surrogatepass")) <= offset < len(text[:end].encode("utf-8", "surrogatepass"))
+               for start, end, _ in normalize.conversation_context_spans(text))
+
+
+def _holds_turn_reminder(segment: Segment) -> bool:
+    """A user message with a turn reminder in it (`normalize.turn_reminder_name`)."""
+    value = segment.value
+    if not (_message_index(segment) is not None and isinstance(value, dict) and value.get("role") == "user"):
+        return False
+    return isinstance(value.get("content"), list) and any(normalize.turn_reminder_name(part) for part in value["content"])
 
 
 def _loaded_tools(order: PromptOrder, api: Api) -> set[str]:
@@ -313,6 +345,17 @@ def _restarts_conversation(previous: PromptOrder, divergence: Divergence) -> boo
     return _in_conversation(previous, divergence) and divergence.segment_index <= first_assistant
 
 
+def _goes_on(previous: PromptOrder, current: PromptOrder) -> bool:
+    """The current prompt continues the previous one's conversation: the same first prompt (its own
+    words, reminders aside), followed by an answer (a new conversation has none yet), the same one
+    where the previous prompt had one."""
+    def opening(order: PromptOrder) -> tuple[str | None, Any]:
+        answer = next((s.value for s in order.segments if isinstance(s.value, dict) and s.value.get("role") == "assistant"), None)
+        return first_prompt_digest(_body_of(order)), answer
+    (before_prompt, before_answer), (prompt, answer) = opening(previous), opening(current)
+    return before_prompt is not None and prompt == before_prompt and answer is not None and before_answer in (None, answer)
+
+
 def _changed_lines(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> list[str]:
     """The line of text, in each prompt, where they first differ (none when
     the difference is not inside a text, e.g. a message added or removed)."""
@@ -359,6 +402,7 @@ class LaneState:
     forwarded: PromptOrder
     session: str | None = None
     empty_system_message: bool = False
+    mode: str | None = None
     requests: int = 0
     compared: int = 0
     kept: int = 0
@@ -393,7 +437,7 @@ class PrefixDiagnosis:
         forwarded = prompt_order(forwarded_body, client.api, reuse)
         state = self.lanes.get(lane)
         if state is None:
-            self.lanes[lane] = LaneState(client.order, forwarded, client.session, client.empty_system_message, requests=1)
+            self.lanes[lane] = LaneState(client.order, forwarded, client.session, client.empty_system_message, client.mode, requests=1)
             return self._remember(Diagnosis(lane, 1, None, forwarded.total_bytes, shared=self._best_earlier(forwarded)), forwarded)
         comparison = compare(state.forwarded, forwarded)
         explained_by = cause = shared = None
@@ -412,7 +456,7 @@ class PrefixDiagnosis:
             if rule and rule != explained_by and (self.rules is None or self.rules.enabled(rule)):
                 neutralized = Neutralized(rule, raw_comparison.first_divergence)
         state.raw, state.forwarded, state.session = client.order, forwarded, client.session or state.session
-        state.empty_system_message = client.empty_system_message
+        state.empty_system_message, state.mode = client.empty_system_message, client.mode
         state.requests += 1
         state.compared += 1
         state.kept += comparison.prefix_kept
@@ -434,8 +478,12 @@ class PrefixDiagnosis:
             return ENVIRONMENT
         if client.empty_system_message and not state.empty_system_message:
             return COMPACTION  # wherever it broke: a tool loaded before may have moved too
+        if client.mode != state.mode and (client.session is None or client.session == state.session):
+            return MODE_SWITCH  # wherever it broke: the tools describe the mode's subagents too
         if not _restarts_conversation(state.forwarded, divergence):
             return HISTORY_EDITED if _in_conversation(state.forwarded, divergence) else UNEXPLAINED
+        if _goes_on(state.forwarded, forwarded):
+            return CONTEXT_CHANGED
         is_main = lane_group(lane).startswith("main")
         if is_main and client.session is not None and client.session == state.session:
             return COMPACTION

@@ -11,15 +11,24 @@ that ToolSearch loads mid-conversation left out) and the opening (first
 `OPENING_CHARS` characters) of each system text piece, with billing and date
 lines and a git status paragraph left out. The opening is what a `/clear`
 leaves unchanged, so a new conversation of the same agent stays in its lane,
-and its break shows. A request that names its subagent instance (Claude Code
-2.1.3xx sends `x-claude-code-agent-id`; instances of one type run
+and its break shows. A subagent instance (instances of one type run
 concurrently) gets a lane of its own, `<type lane>@<instance>`, grouped under
 its type's lane for reporting.
 
-A conversation is named by a header where the agent sends one: Claude Code's
-`x-claude-code-session-id`, Codex CLI's `session-id` (the same for every turn
-of a `codex exec` and its `codex exec resume`, a new one per `codex exec`).
-The diagnosis tells a new conversation from a compaction by it.
+Each agent says who it is in its own way (`AGENTS`, told apart by User-Agent):
+  Claude Code  starts subagents with `Task`/`Agent`; a subagent's requests
+               carry `x-claude-code-agent-id` (the instance), every request
+               `x-claude-code-session-id` (the conversation)
+  opencode     starts them with `task`; every request carries `x-session-id`,
+               a subagent's the child session's, with `x-parent-session-id`
+  Qwen Code    starts them with `agent`; no header names anything, so an
+               instance is named by its first prompt (its task)
+  Codex CLI    every request carries `session-id` (the same for every turn of
+               a `codex exec` and its `codex exec resume`, a new one per
+               `codex exec`); no subagents reach a self-hosted server (its
+               agents are a `namespace` tool, which vllm-mlx does not convert)
+A request of any other client is read as Claude Code's. The diagnosis tells
+a new conversation from a compaction by the conversation a request names.
 
 Names, assigned in order of first appearance:
   main          requests with tools that can start sub-agents (`Task`/`Agent`),
@@ -58,12 +67,45 @@ from stable_prefix.addons.prompt_order import canonical_json, canonical_value
 
 OPENING_CHARS = 256
 INSTANCE_CHARS = 8
-AGENT_TOOLS = frozenset({"Task", "Agent"})
 AGENT_ID_HEADER = "x-claude-code-agent-id"
 SESSION_ID_HEADER = "x-claude-code-session-id"
-CODEX_SESSION_ID_HEADER = "session-id"
-# The first one a request carries names its conversation.
-SESSION_ID_HEADERS = (SESSION_ID_HEADER, CODEX_SESSION_ID_HEADER)
+
+
+@dataclass(frozen=True)
+class Agent:
+    """How one coding agent's requests name their conversation and subagents."""
+
+    name: str
+    user_agent: str  # how its User-Agent header starts
+    subagent_tools: frozenset[str]  # the tools its main agent starts subagents with
+    session_header: str | None = None  # names the main agent's conversation
+    subagent_header: str | None = None  # present on a subagent's requests only
+    instance_header: str | None = None  # names the subagent instance
+    instance_by_first_prompt: bool = False  # no header does: its first prompt names the instance
+    random_ids: bool = False  # its instance ids are random from the first character (else they are hashed for a name)
+
+    def instance(self, headers: Mapping[str, str] | None) -> str | None:
+        """The subagent instance a request's headers name (None for the main agent, side requests and agents that send none)."""
+        if self.subagent_header is None or header(headers, self.subagent_header) is None:
+            return None
+        return header(headers, self.instance_header or self.subagent_header)
+
+    def instance_name(self, instance_id: str) -> str:
+        """A short name for an instance: Claude Code's agent ids are random hex, opencode's session
+        ids start with their time (two instances started together share a long prefix)."""
+        if not self.random_ids:
+            instance_id = hashlib.sha256(instance_id.encode("utf-8", "surrogatepass")).hexdigest()
+        return instance_id[:INSTANCE_CHARS]
+
+
+CLAUDE_CODE = Agent("Claude Code", "claude-cli/", frozenset({"Task", "Agent"}), SESSION_ID_HEADER, AGENT_ID_HEADER, AGENT_ID_HEADER,
+                    random_ids=True)
+OPENCODE = Agent("opencode", "opencode/", frozenset({"task"}), "x-session-id", "x-parent-session-id", "x-session-id")
+QWEN_CODE = Agent("Qwen Code", "QwenCode/", frozenset({"agent"}), instance_by_first_prompt=True)
+# `codex_exec/0.171.0 (...)` from `codex exec`; the other front ends' originators start with `codex_` too.
+CODEX = Agent("Codex CLI", "codex_", frozenset(), "session-id")
+AGENTS = (CLAUDE_CODE, OPENCODE, QWEN_CODE, CODEX)
+AGENT_TOOLS = frozenset().union(*(agent.subagent_tools for agent in AGENTS))
 _SUBAGENT_FIELD = re.compile(r"\bcc_is_subagent=true\b")
 _TITLE = re.compile(r"\btitle\b", re.IGNORECASE)
 
@@ -103,9 +145,17 @@ def header(headers: Mapping[str, str] | None, name: str) -> str | None:
     return value or None
 
 
-def session_id(headers: Mapping[str, str] | None) -> str | None:
-    """The agent's name for the conversation a request belongs to, if it sends one."""
-    return next((value for value in (header(headers, name) for name in SESSION_ID_HEADERS) if value), None)
+def agent_of(headers: Mapping[str, str] | None) -> Agent:
+    """The agent that sent a request, by its User-Agent; Claude Code for any other client
+    (claude-code-router, the benchmark, a request without the header)."""
+    user_agent = header(headers, "user-agent") or ""
+    return next((agent for agent in AGENTS[1:] if user_agent.startswith(agent.user_agent)), CLAUDE_CODE)
+
+
+def session_of(headers: Mapping[str, str] | None) -> str | None:
+    """The conversation a request belongs to, where its agent names it."""
+    agent = agent_of(headers)
+    return header(headers, agent.session_header) if agent.session_header else None
 
 
 def lane_group(lane: str) -> str:
@@ -115,7 +165,8 @@ def lane_group(lane: str) -> str:
 
 def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = None) -> LaneSignature:
     openings = []
-    agent_id = header(headers, AGENT_ID_HEADER)
+    agent = agent_of(headers)
+    agent_id = agent.instance(headers)
     says_subagent = agent_id is not None
     for text in system_texts(body, api):
         git_status = git_status_start(text)
@@ -133,8 +184,21 @@ def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = Non
             openings.append("\n".join(kept)[:OPENING_CHARS])
     deferred = deferred_tool_names(body, api)
     tools = tuple(sorted(name for name in tool_names(body) if name not in deferred))
-    instance = agent_id[:INSTANCE_CHARS] if agent_id else None
+    if agent_id is None and agent.instance_by_first_prompt and tools and not AGENT_TOOLS & set(tools):
+        agent_id = first_prompt_digest(body)  # tools, but none to start subagents with: a subagent
+        says_subagent = agent_id is not None
+    instance = agent.instance_name(agent_id) if agent_id else None
     return LaneSignature(tools, "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body), instance)
+
+
+def first_prompt_digest(body: dict) -> str | None:
+    """A hash of the first user message's own words (its <system-reminder> blocks left
+    out, which carry the date and the repository's state): a subagent's task."""
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") == "user":
+            prompt = "\n".join(text for text in _texts(message.get("content")) if isinstance(text, str) and not text.startswith("<system-reminder>"))
+            return hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest() if prompt else None
+    return None
 
 
 def routing_key(body: dict, api: Api) -> str:
@@ -162,11 +226,18 @@ def _leading_context(body: dict, api: Api) -> list:
         if not isinstance(message, dict) or message.get("role") != "user":
             break
         content = message.get("content")
-        texts = [content] if isinstance(content, str) else [block.get("text") for block in content or [] if isinstance(block, dict)]
+        texts = _texts(content)
         if not texts or not all(isinstance(text, str) and text.startswith("<system-reminder>") for text in texts):
             break
         leading.append(canonical_value(content))
     return leading
+
+
+def _texts(content) -> list:
+    """The `text` of each block of a message's content (a string is its one text; another shape has none)."""
+    if isinstance(content, str):
+        return [content]
+    return [block.get("text") for block in content if isinstance(block, dict)] if isinstance(content, list) else []
 
 
 def _output_schema_fields(body: dict) -> set[str]:

@@ -1,4 +1,4 @@
-"""What is volatile in an agent's request, and how it is made stable.
+"""What is volatile in a coding agent's request, and how it is made stable.
 
 This module is the single owner of that definition. The proxy addon
 (`strip_billing.py`), the prefix diagnosis (`diagnosis.py`) and the captures
@@ -34,6 +34,21 @@ Rules that keep the prompt prefix stable:
                    ones too. On the Responses path `developer` items as well
                    (Codex appends one when the sandbox or approval policy
                    of a conversation changes).
+  conversation_context
+                   move system-prompt text that changes from one conversation
+                   to the next but sits before the tools (opencode's `Today's
+                   date:` line; Qwen Code's git snapshot and memory section)
+                   verbatim into a <system-reminder> in the first user
+                   message, after the reminders that message starts with: a
+                   new conversation the next day or after a commit then
+                   shares system prompt and tools.
+  turn_reminders   move a reminder that the agent attaches to its newest user
+                   message for one request only (Qwen Code's current date,
+                   opencode's plan-mode and switch-to-build reminders) to the
+                   first user message, after the reminders it starts with:
+                   every request then carries it in the same place, where the
+                   agent's next request would have lost it from the previous
+                   turn's message and so re-read that whole turn.
   loaded_tools     a deferred tool (`defer_loading`) that a `tool_reference`
                    in a tool result loaded (ToolSearch) is taken out of
                    `tools` and its schema written into that tool result as
@@ -78,13 +93,17 @@ TOOL_ORDER = "tool_order"
 GIT_STATUS = "git_status"
 INITIAL_CONTEXT = "initial_context"
 LOADED_TOOLS = "loaded_tools"
+CONVERSATION_CONTEXT = "conversation_context"
+TURN_REMINDERS = "turn_reminders"
 MODEL = "model"
 MAX_TOKENS = "max_tokens"
 
 # The rules that change bytes of the prompt itself, in the order they run. The
 # git status goes into the first user message before the initial context is
-# put in front of that message.
-PROMPT_RULES = (BILLING_HEADER, GIT_STATUS, INITIAL_CONTEXT, SYSTEM_MESSAGES, LOADED_TOOLS, DATE_LINE, TOOL_ORDER)
+# put in front of that message; the conversation context and turn reminders go
+# into it after the git status, before system messages become user messages.
+PROMPT_RULES = (BILLING_HEADER, GIT_STATUS, CONVERSATION_CONTEXT, TURN_REMINDERS, INITIAL_CONTEXT, SYSTEM_MESSAGES,
+                LOADED_TOOLS, DATE_LINE, TOOL_ORDER)
 
 # For messages: how a user would call the rule, and the option that switches it.
 RULE_LABEL = {
@@ -95,6 +114,8 @@ RULE_LABEL = {
     GIT_STATUS: ("git status", "moved to the first user message", "relocate_git_status"),
     INITIAL_CONTEXT: ("initial system message", "moved before the first user message", "lead_with_stable_context"),
     LOADED_TOOLS: ("loaded tool", "inlined", "inline_loaded_tools"),
+    CONVERSATION_CONTEXT: ("conversation context", "moved to the first user message", "relocate_conversation_context"),
+    TURN_REMINDERS: ("turn reminder", "pinned to the first user message", "pin_turn_reminders"),
 }
 
 # A line that *starts* with the header; a mention mid-sentence is not one.
@@ -107,7 +128,7 @@ _GIT_STATUS_LINE = re.compile(r"^[ \t]*gitStatus:", re.MULTILINE)
 # Lines of an environment description that differ by repository, machine,
 # model or day (the `environment` cause of a break; no rule removes them).
 _ENVIRONMENT_LINE = re.compile(
-    r"^[ \t]*(?:-[ \t]*)?(?:Today's date\b|(?:Primary )?working directory\b|Platform:|OS Version:|Shell:"
+    r"^[ \t]*(?:-[ \t]*)?(?:Today's date\b|The current date is\b|(?:Primary )?working directory\b|Platform:|OS Version:|Shell:"
     r"|Is (?:a git repository|directory a git repo)\b)"
     r"|\bmodel (?:named|ID)\b|\bpowered by the model\b"
     # Codex's <environment_context> message
@@ -116,6 +137,39 @@ _ENVIRONMENT_LINE = re.compile(
 )
 SYSTEM_REMINDER_OPEN = "<system-reminder>\n"
 SYSTEM_REMINDER_CLOSE = "\n</system-reminder>"
+# What each agent puts where a prefix cache loses it, found by how it opens
+# (the agents' own texts stay theirs: these openings are all we need of them).
+#
+# Conversation context: text that changes from one conversation to the next (a
+# day, a commit, a saved memory) and sits before the tools or before stable
+# reminders. opencode 1.18 ends its system prompt's <env> block with `Today's
+# date: Tue Dec 01 2026`; Qwen Code 0.24 ends its system prompt with a git
+# snapshot (branch, status, recent commits; rebuilt by every `qwen` process)
+# and then its memory section (which grows as memories are saved), and leads
+# its first user message with reminders, one of them the startup context
+# (date, working directory, folder listing) between two that never change.
+# (what, how volatile: where it goes among the moved pieces, 0 first, pattern).
+# A date line is one line; the others run to the next one that starts or to the
+# end of the text.
+_DATE_FIELD_LINE = re.compile(r"^[ \t]*Today's date: [^\n]*(?:\n|$)", re.MULTILINE)
+SYSTEM_CONTEXT_OPENINGS = (
+    ("date line", 1, _DATE_FIELD_LINE),
+    ("git snapshot", 2, re.compile(r"^Git snapshot at conversation start\b", re.MULTILINE)),
+    ("memory section", 0, re.compile(r"^# auto memory$", re.MULTILINE)),
+)
+# A reminder block of the first user message that is conversation context.
+STARTUP_CONTEXT = ("startup context", 1, re.compile(r"<system-reminder>\s*This is the Qwen Code\. We are setting up the context\b"))
+# A reminder an agent puts on its newest user message for one request and
+# leaves off that message on the next: (name, whether it names the agent's
+# mode, how its text part opens). Qwen Code 0.24: the current date, before the
+# prompt; opencode 1.18: the plan-mode reminder, and after a plan the
+# switch-to-build one, after the prompt.
+TURN_REMINDER_OPENINGS = (
+    ("current date", False, re.compile(r"<system-reminder>\s*The current date is:")),
+    ("plan mode", True, re.compile(r"<system-reminder>\s*# Plan Mode\b")),
+    ("build after plan", True, re.compile(r"<system-reminder>\s*Your operational mode has changed\b")),
+)
+_REMINDER_END = re.compile(r"</system-reminder>\s*$")
 # How an inlined tool's schema reads in the tool result that loaded it: the
 # encoding ToolSearch itself promises for its results.
 INLINED_TOOLS_OPEN = "<functions>\n"
@@ -143,6 +197,8 @@ class Rules:
     relocate_git_status: bool = True
     lead_with_stable_context: bool = True
     inline_loaded_tools: bool = True
+    relocate_conversation_context: bool = True
+    pin_turn_reminders: bool = True
     drop_date_line: bool = False
     sort_tools: bool = False
     # (fnmatch pattern, served model name); the first matching pattern wins.
@@ -156,6 +212,8 @@ class Rules:
             GIT_STATUS: self.relocate_git_status,
             INITIAL_CONTEXT: self.lead_with_stable_context,
             LOADED_TOOLS: self.inline_loaded_tools,
+            CONVERSATION_CONTEXT: self.relocate_conversation_context,
+            TURN_REMINDERS: self.pin_turn_reminders,
             DATE_LINE: self.drop_date_line,
             TOOL_ORDER: self.sort_tools,
             MODEL: bool(self.model_map),
@@ -224,6 +282,58 @@ def git_status_start(text: str) -> int | None:
     offset), or None when it has none."""
     match = _GIT_STATUS_LINE.search(text)
     return match.start() if match else None
+
+
+def conversation_context_spans(text: str) -> list[tuple[int, int, str]]:
+    """Where a system text holds conversation context (`SYSTEM_CONTEXT_OPENINGS`):
+    (start, end, what) character spans, in order, each ending after its line break."""
+    starts = sorted((match.start(), match.end(), what, pattern is _DATE_FIELD_LINE)
+                    for what, _, pattern in SYSTEM_CONTEXT_OPENINGS for match in pattern.finditer(text))
+    spans = []
+    for index, (start, line_end, what, one_line) in enumerate(starts):
+        end = line_end if one_line else (starts[index + 1][0] if index + 1 < len(starts) else len(text))
+        spans.append((start, end, what))
+    return spans
+
+
+def _context_rank(what: str) -> int:
+    return next(rank for name, rank, _ in (*SYSTEM_CONTEXT_OPENINGS, STARTUP_CONTEXT) if name == what)
+
+
+def _is_startup_context(block: Any) -> bool:
+    return _is_text_block(block) and bool(STARTUP_CONTEXT[2].match(block["text"]))
+
+
+def _without_spans(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """`text` with the (start, end, _) spans cut out; the spans are in order and do not overlap."""
+    kept, position = [], 0
+    for start, end, _ in spans:
+        kept.append(text[position:start])
+        position = end
+    return "".join(kept) + text[position:]
+
+
+def turn_reminder_name(part: Any) -> str | None:
+    """The name of the turn reminder a text part of a user message is (the whole part), or None."""
+    if not _is_text_block(part) or not _REMINDER_END.search(part["text"]):
+        return None
+    return next((name for name, _, opening in TURN_REMINDER_OPENINGS if opening.match(part["text"])), None)
+
+
+def turn_reminders(body: dict, api: Api) -> list[str]:
+    """The names of the turn reminders in a request's user messages, in order."""
+    names = []
+    for message in conversation(body, api) or []:
+        content = message.get("content") if isinstance(message, dict) and message.get("role") == "user" else None
+        if isinstance(content, list):
+            names += [name for name in map(turn_reminder_name, content) if name]
+    return names
+
+
+def agent_mode(body: dict, api: Api) -> str | None:
+    """The mode a request's turn reminders name last (opencode's plan mode, or build after a plan), or None."""
+    modes = {name for name, names_mode, _ in TURN_REMINDER_OPENINGS if names_mode}
+    return next((name for name in reversed(turn_reminders(body, api)) if name in modes), None)
 
 
 def parse_model_map(spec: str) -> tuple[tuple[str, str], ...]:
@@ -417,6 +527,26 @@ def _first_user_index(messages: list) -> int | None:
     return next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
 
 
+def _is_reminder_block(block: Any) -> bool:
+    return _is_text_block(block) and block["text"].startswith("<system-reminder>")
+
+
+def _first_user_with_blocks(body: dict, api: Api) -> int | None:
+    """The index of the first user message, when its content can take text blocks (a string or a list)."""
+    messages = conversation(body, api)
+    first_user = _first_user_index(messages) if messages is not None else None
+    return first_user if first_user is not None and _as_blocks(messages[first_user].get("content")) is not None else None
+
+
+def _insert_after_leading_reminders(messages: list, index: int, blocks: list, text_type: str) -> None:
+    """Put text blocks into `messages[index]` after the <system-reminder> blocks it starts with,
+    turn reminders aside (a string content becomes one text block): what the agent itself leads
+    with stays first, then conversation context, then turn reminders, which change most."""
+    content = _as_blocks(messages[index]["content"], text_type)
+    lead = next((i for i, block in enumerate(content) if not _is_reminder_block(block) or turn_reminder_name(block)), len(content))
+    messages[index] = {**messages[index], "content": content[:lead] + blocks + content[lead:]}
+
+
 def _as_blocks(content: Any, text_type: str = "text") -> list | None:
     """Message content as a list of blocks (a string is one text block), or
     None for a shape we do not touch."""
@@ -433,11 +563,7 @@ def relocate_git_status(body: dict, api: Api) -> list[Change]:
     text block. The first user message becomes a list of blocks (a string is
     its one text block), so the bytes are the same whether Claude Code sends
     that message as a list or, on later turns, as a string."""
-    messages = conversation(body, api)
-    if messages is None:
-        return []
-    first_user = _first_user_index(messages)
-    if first_user is None or _as_blocks(messages[first_user].get("content")) is None:
+    if _first_user_with_blocks(body, api) is None:
         return []
     paragraphs, changes, emptied = [], [], []
     for path, container, key in list(_system_text_places(body, api)):
@@ -461,6 +587,90 @@ def relocate_git_status(body: dict, api: Api) -> list[Change]:
     reminders = [{"type": text_type, "text": SYSTEM_REMINDER_OPEN + paragraph + SYSTEM_REMINDER_CLOSE} for paragraph in paragraphs]
     messages[first_user] = {**messages[first_user], "content": reminders + _as_blocks(messages[first_user]["content"], text_type)}
     return changes + [Change(GIT_STATUS, f"{CONVERSATION_KEY[api]}[{first_user}]", "git status paragraph put first, in a <system-reminder>")]
+
+
+def relocate_conversation_context(body: dict, api: Api) -> list[Change]:
+    """Move conversation context into <system-reminder> text blocks of the first
+    user message, after the other reminders it starts with: from the system
+    prompt verbatim (`conversation_context_spans`: opencode's date line, Qwen
+    Code's git snapshot and memory section), and from the first message itself
+    (Qwen Code's startup context), the least volatile first.
+
+    Each changes between conversations (a day, a commit, a saved memory) and
+    sat before the tools or before reminders that never change, so a new
+    conversation re-read all of those; where it lands, system prompt, tools and
+    the agent's fixed reminders stay shared."""
+    if _first_user_with_blocks(body, api) is None:
+        return []
+    text_type = TEXT_TYPE[api]
+    pieces, changes, emptied = [], [], []
+    for path, container, key in list(_system_text_places(body, api)):
+        text = container[key]
+        spans = conversation_context_spans(text)
+        if not spans:
+            continue
+        pieces += [(what, {"type": text_type, "text": SYSTEM_REMINDER_OPEN + text[start:end].rstrip("\n") + SYSTEM_REMINDER_CLOSE})
+                   for start, end, what in spans]
+        kept = _without_spans(text, spans)
+        if kept.strip():
+            container[key] = kept
+        else:
+            emptied.append((path, container, key))
+        changes.append(Change(CONVERSATION_CONTEXT, path, ", ".join(what for _, _, what in spans) + " taken out"))
+    _remove_emptied(body, api, emptied)
+    messages = conversation(body, api)  # the OpenAI path may have lost an emptied system message
+    first_user = _first_user_index(messages)
+    content = _as_blocks(messages[first_user]["content"], text_type)
+    startup = [block for block in content if _is_startup_context(block)]
+    if not pieces and not startup:
+        return []
+    pieces += [(STARTUP_CONTEXT[0], block) for block in startup]
+    messages[first_user] = {**messages[first_user], "content": [block for block in content if not _is_startup_context(block)]}
+    _insert_after_leading_reminders(messages, first_user, [block for _, block in sorted(pieces, key=lambda piece: _context_rank(piece[0]))],
+                                    text_type)
+    if messages[first_user]["content"] == content and not changes:
+        return []  # the startup context was already where it goes
+    return changes + [Change(CONVERSATION_CONTEXT, f"{CONVERSATION_KEY[api]}[{first_user}]", "conversation context put after its leading reminders, in a <system-reminder>")]
+
+
+def pin_turn_reminders(body: dict, api: Api) -> list[Change]:
+    """Move the turn reminders (`TURN_REMINDER_OPENINGS`) of every user
+    message to the first user message, after the other reminders it starts
+    with (an identical one only once).
+
+    The agent sends each on its newest message only (Qwen Code: on the newest
+    one the user typed): the next request has that message without it, so a
+    prefix cache re-reads everything from there, the whole last turn with its
+    tool calls and results. In the first message the same text sits in the
+    same place on every request, and moves only when it changes (the date at
+    midnight, a switch of mode). A later message that holds nothing else is
+    left as it is."""
+    first_user = _first_user_with_blocks(body, api)
+    if first_user is None:
+        return []
+    messages, key = conversation(body, api), CONVERSATION_KEY[api]
+    first_before = messages[first_user]
+    moved: dict[str, dict] = {}
+    changes = []
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) and message.get("role") == "user" else None
+        if not isinstance(content, list):
+            continue
+        reminders = [part for part in content if turn_reminder_name(part)]
+        rest = [part for part in content if not turn_reminder_name(part)]
+        if not reminders or (not rest and index != first_user):
+            continue
+        messages[index] = {**message, "content": rest}
+        moved.update((part["text"], part) for part in reminders if part["text"] not in moved)
+        if index != first_user:
+            names = ", ".join(dict.fromkeys(map(turn_reminder_name, reminders)))
+            changes.append(Change(TURN_REMINDERS, f"{key}[{index}]", f"{names} reminder moved to {key}[{first_user}], after its leading reminders"))
+    if not moved:
+        return []
+    _insert_after_leading_reminders(messages, first_user, list(moved.values()), TEXT_TYPE[api])
+    if not changes and messages[first_user] != first_before:
+        changes.append(Change(TURN_REMINDERS, f"{key}[{first_user}]", "turn reminder put after the leading reminders"))
+    return changes
 
 
 def lead_with_stable_context(body: dict, api: Api) -> list[Change]:
@@ -735,6 +945,8 @@ _PROMPT_RULE_FUNCTIONS = {
     INITIAL_CONTEXT: lead_with_stable_context,
     SYSTEM_MESSAGES: rewrite_system_messages,
     LOADED_TOOLS: inline_loaded_tools,
+    CONVERSATION_CONTEXT: relocate_conversation_context,
+    TURN_REMINDERS: pin_turn_reminders,
     DATE_LINE: drop_date_line,
     TOOL_ORDER: sort_tools,
 }
@@ -760,4 +972,6 @@ def rule_for_line(line: str) -> str | None:
         return BILLING_HEADER
     if is_date_line(line):
         return DATE_LINE
+    if _DATE_FIELD_LINE.match(line):
+        return CONVERSATION_CONTEXT
     return None

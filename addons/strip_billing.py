@@ -4,10 +4,10 @@
         --set upstream_model=<served model name> --set max_tokens_cap=8192
 
 For `POST /v1/messages`, `POST /v1/chat/completions` and `POST /v1/responses`
-it applies the rules of `normalize.py` (billing header out, git status and
-initial context moved behind the tools, system and developer messages
-rewritten, loaded tools inlined, model name mapped, max_tokens capped), and
-puts a one-line prefix diagnosis per
+it applies the rules of `normalize.py` (billing header out, git status,
+initial and conversation context moved behind the tools, turn reminders
+pinned, system and developer messages rewritten, loaded tools inlined, model
+name mapped, max_tokens capped), and puts a one-line prefix diagnosis per
 request into the log and into `flow.comment` (marking the flow when the prefix
 broke). The diagnosis is made once the request has left, when the upstream
 answers (or fails), so it costs the request no latency: the engine is busy
@@ -84,6 +84,8 @@ def rules_from_options(options) -> normalize.Rules:
         relocate_git_status=options.relocate_git_status,
         lead_with_stable_context=options.lead_with_stable_context,
         inline_loaded_tools=options.inline_loaded_tools,
+        relocate_conversation_context=options.relocate_conversation_context,
+        pin_turn_reminders=options.pin_turn_reminders,
         drop_date_line=options.drop_date_line,
         sort_tools=options.sort_tools,
         model_map=model_map,
@@ -125,6 +127,21 @@ class StripBilling:
             True,
             "Take a deferred tool that a tool_reference loaded (ToolSearch) out of tools and write its schema into the "
             "tool result that loaded it, so tools stays what the conversation started with.",
+        )
+        loader.add_option(
+            "relocate_conversation_context",
+            bool,
+            True,
+            "Move system-prompt text that changes between conversations (opencode's Today's date line, Qwen Code's git "
+            "snapshot and memory section) and Qwen Code's startup context into the first user message, after the "
+            "reminders it starts with.",
+        )
+        loader.add_option(
+            "pin_turn_reminders",
+            bool,
+            True,
+            "Move a reminder the agent puts on its newest user message for one request only (Qwen Code's current date, "
+            "opencode's plan-mode and switch-to-build reminders) to the first user message, after the reminders it starts with.",
         )
         loader.add_option("drop_date_line", bool, False, "Remove a \"Today's date is ...\" line from the system prompt.")
         loader.add_option("sort_tools", bool, False, "Sort the tool definitions by name.")

@@ -32,6 +32,18 @@ def _claude(argv: list[str]) -> int:
     return main(argv)
 
 
+def _opencode(argv: list[str]) -> int:
+    from stable_prefix.opencode import main
+
+    return main(argv)
+
+
+def _qwen(argv: list[str]) -> int:
+    from stable_prefix.qwen import main
+
+    return main(argv)
+
+
 def _codex(argv: list[str]) -> int:
     from stable_prefix.codex import main
 
@@ -51,6 +63,8 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _up),
     "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _claude),
+    "opencode": ("opencode against the running stack: opencode [--port 8080] [opencode arguments]", _opencode),
+    "qwen": ("Qwen Code against the running stack: qwen [--port 8080] [qwen arguments]", _qwen),
     "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _codex),
     "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
               _engine_patch("serve")),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from stable_prefix.claude import CannotLaunch, split_arguments, stack_state
+from stable_prefix.launch import CannotLaunch, split_arguments, stack_state
 from stable_prefix.tools.codex_cli import CodexUnavailable, config_overrides, stack_settings, user_binary
 
 USAGE = "usage: stable-prefix codex [--port N] [--codex PATH] [codex arguments...]"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_code, codex_cli
+from stable_prefix.tools import claude_code, codex_cli, opencode, qwen_code
 
 # Servers started by tests keep their KV snapshots in RAM only: no test reads or
 # writes the user's ~/.cache, and no snapshot carries from one test's server to
@@ -29,3 +29,22 @@ def codex_binary() -> Path:
         return codex_cli.install()
     except codex_cli.CodexUnavailable as error:
         pytest.fail(f"the tests that run the real Codex CLI cannot run: {error}", pytrace=False)
+
+
+def _installed(install, what: str) -> Path:
+    try:
+        return install()
+    except claude_code.ClaudeCodeUnavailable as error:
+        pytest.fail(f"the tests that run the real {what} cannot run: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def opencode_binary() -> Path:
+    """The pinned opencode, installed from npm into .claude-cli/opencode/ once."""
+    return _installed(opencode.install, "opencode")
+
+
+@pytest.fixture(scope="session")
+def qwen_cli() -> Path:
+    """The pinned Qwen Code, installed from npm into .claude-cli/qwen-code/ once."""
+    return _installed(qwen_code.install, "Qwen Code")

@@ -6,10 +6,11 @@ import copy
 import json
 
 import pytest
+from fixtures.coding_agents import opencode_request, qwen_date, qwen_request
 
 from stable_prefix.addons import normalize
 from tests.support.forwarding_property import problems
-from tests.support.fuzz_bodies import anthropic_system_texts
+from tests.support.fuzz_bodies import anthropic_system_texts, openai_system_texts
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.332.a3f; cc_is_subagent=true;"
 READ = {"name": "Read", "description": "Read a file.", "input_schema": {"type": "object"}}
@@ -58,3 +59,38 @@ def test_anything_else_is_named(damage, named):
     body = normalized()
     damage(body)
     assert any(problem.startswith(named) for problem in check(body)), check(body)
+
+
+def agent_check(client: dict, forwarded: dict) -> list[str]:
+    return problems(client, forwarded, openai_system_texts)
+
+
+def agent_normalized(client: dict) -> dict:
+    body = copy.deepcopy(client)
+    normalize.normalize(body, "openai", normalize.Rules())
+    return body
+
+
+def test_conversation_context_and_turn_reminders_moved_as_documented_pass():
+    qwen = qwen_request(["Look around.", "Go on."])
+    opencode = opencode_request(["Plan it.", "Plan more."], mode="plan mode")
+    for client in (qwen, opencode):
+        forwarded = agent_normalized(client)
+        assert forwarded["messages"] != client["messages"]  # the rules moved something
+        assert agent_check(client, forwarded) == []
+
+
+def test_a_turn_reminder_sent_on_two_messages_may_be_forwarded_once():
+    client = qwen_request(["Look around.", "Go on."])
+    client["messages"][1]["content"].insert(3, qwen_date())  # the same date reminder on the first prompt too
+    forwarded = agent_normalized(client)
+    assert sum(part == qwen_date() for message in forwarded["messages"] for part in message["content"] if isinstance(part, dict)) == 1
+    assert agent_check(client, forwarded) == []
+
+
+def test_a_turn_reminder_no_copy_of_which_is_left_is_named():
+    client = qwen_request(["Look around.", "Go on."])
+    client["messages"][1]["content"].insert(3, qwen_date())
+    forwarded = agent_normalized(client)
+    forwarded["messages"][1]["content"] = [part for part in forwarded["messages"][1]["content"] if part != qwen_date()]
+    assert any(problem.startswith("turn reminder lost: '<system-reminder>\\nThe current date is:") for problem in agent_check(client, forwarded))

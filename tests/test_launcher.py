@@ -1,4 +1,4 @@
-"""`stable-prefix up` and `stable-prefix claude`, run as a user runs them: real processes, real signals.
+"""`stable-prefix up`, and `stable-prefix claude|opencode|qwen` against it, run as a user runs them: real processes, real signals.
 
 The launcher is started as a subprocess with the test's tiny model; the tests
 read what it prints, send requests through it, and check which processes are
@@ -393,3 +393,72 @@ def test_the_log_follower_gives_each_diagnosis_line_once_and_waits_for_a_line_be
         more.write("34/1,300 B (95.0%) · first change messages[2]\n")
     assert follower.new_lines() == ["lane main · prefix stable 1,234/1,300 B (95.0%) · first change messages[2]"]
     assert follower.new_lines() == []
+
+
+# --- stable-prefix opencode, stable-prefix qwen --------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["opencode", "qwen"])
+def test_an_agent_without_a_running_stack_says_how_to_start_one(command, tmp_path):
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, "--port", "18123", "hi"], capture_output=True,
+                            text=True, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+    assert result.returncode == 2
+    assert f"stable-prefix {command}: no stack is running on port 18123" in result.stderr
+    assert "stable-prefix up MODEL --port 18123" in result.stderr
+
+
+def requests_of_a_launch(web_stack, arguments: list[str], environment: dict[str, str], cwd: Path) -> list[dict]:
+    """Run `stable-prefix COMMAND --port P …` against the stack as a user would; the capture records of
+    what it sent, once the proxy has written them (as each answer ends)."""
+    launcher, state = web_stack
+    captures = Path(state["captures"])
+    earlier = set(captures.glob("*.json"))
+    command, *rest = arguments
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, "--port", str(launcher.port), *rest], capture_output=True,
+                            text=True, env=environment, cwd=cwd, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, f"stable-prefix {command} failed:\n{result.stdout}\n{result.stderr}"
+    deadline = time.monotonic() + 30
+    while not set(captures.glob("*.json")) - earlier and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # a side request of the same run may still be finishing
+    return [json.loads(path.read_text()) for path in sorted(set(captures.glob("*.json")) - earlier)]
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_opencode_runs_against_the_stack_with_the_served_model_whatever_the_users_config(web_stack, opencode_binary, tmp_path):
+    launcher, state = web_stack
+    home, project = tmp_path / "home", tmp_path / "project"
+    (home / ".config" / "opencode").mkdir(parents=True)
+    project.mkdir()
+    (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps({"model": "some-cloud/big-model"}))
+    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home)}
+    from_opencode = requests_of_a_launch(web_stack, ["opencode", "--opencode", str(opencode_binary), "run", "Say hello."], environment, project)
+    assert from_opencode, "no request of opencode reached the proxy"
+    for record in from_opencode:
+        assert record["client_body"]["model"] == state["model"], "opencode was not told the served model's name"
+        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "opencode asks for more than the stack gives"
+        assert record["request"]["headers"]["user-agent"].startswith("opencode/")
+        assert record["response"]["status"] == 200
+    # opencode itself adds a "$schema" key to it; the user's settings stay.
+    assert json.loads((home / ".config" / "opencode" / "opencode.json").read_text())["model"] == "some-cloud/big-model"
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_qwen_runs_against_the_stack_with_the_served_model_and_its_settings_written_for_it(web_stack, qwen_cli, tmp_path):
+    launcher, state = web_stack
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home),
+                   "OPENAI_API_KEY": "sk-the-users-own-key", "OPENAI_BASE_URL": "https://api.example.invalid/v1"}
+    from_qwen = requests_of_a_launch(web_stack, ["qwen", "--qwen", str(qwen_cli), "Say hello."], environment, project)
+    assert from_qwen, "no request of Qwen Code reached the proxy (not the user's OPENAI_BASE_URL)"
+    for record in from_qwen:
+        assert record["client_body"]["model"] == state["model"], "Qwen Code was not told the served model's name"
+        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "Qwen Code asks for more than the stack gives"
+        assert record["request"]["headers"]["user-agent"].startswith("QwenCode/")
+    settings = launcher.state_path.with_name(f"qwen-settings-{launcher.port}.json")
+    assert json.loads(settings.read_text())["privacy"] == {"usageStatisticsEnabled": False}
+    assert settings.stat().st_mode & 0o777 == 0o600, "Qwen Code rewrote the settings (an older format version?)"

@@ -111,6 +111,20 @@ def stack_environment(base_url: str, model: str, max_output_tokens: int) -> dict
     }
 
 
+def executable(explicit: str | None, name: str, pinned: Path | None, missing: str) -> Path:
+    """The agent to launch for a user: `explicit`, else `name` on PATH, else the `pinned` install;
+    `missing` says how to get one when there is none."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not os.access(path, os.X_OK):
+            raise ClaudeCodeUnavailable(f"{explicit}: not an executable file")
+        return path
+    found = shutil.which(name) or pinned
+    if found:
+        return Path(found)
+    raise ClaudeCodeUnavailable(missing)
+
+
 def user_binary(explicit: str | None = None) -> Path:
     """The Claude Code to launch for a user: `explicit`, else `claude` on PATH, else the pinned one in `.claude-cli/`."""
     return npm_package.user_binary(explicit, "claude", find_binary(), ClaudeCodeUnavailable,

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stable_prefix.tools import npm_package
+from stable_prefix.tools import npm_cli
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, REQUEST_TIMEOUT_MS, ClaudeCodeUnavailable
 
 ROUTER_PACKAGE = "@musistudio/claude-code-router"
@@ -67,22 +67,15 @@ def find_router(router_dir: Path = DEFAULT_ROUTER_DIR) -> Path | None:
 
 
 def installed_version(router_dir: Path) -> str | None:
-    manifest = router_dir / "node_modules" / ROUTER_PACKAGE / "package.json"
-    try:
-        return json.loads(manifest.read_text()).get("version")
-    except (OSError, ValueError):
-        return None
+    return npm_cli.installed_version(router_dir, ROUTER_PACKAGE)
 
 
 def install(router_dir: Path = DEFAULT_ROUTER_DIR, version: str = ROUTER_VERSION) -> Path:
     """Install the pinned router into `router_dir` unless it is there; return its `cli.js`."""
+    npm_cli.install_package(router_dir, ROUTER_PACKAGE, version)
     cli = find_router(router_dir)
-    if cli and installed_version(router_dir) == version:
-        return cli
-    npm_package.npm_install(router_dir, ROUTER_PACKAGE, version, ClaudeCodeUnavailable)
-    cli = find_router(router_dir)
-    if cli is None or installed_version(router_dir) != version:
-        raise ClaudeCodeUnavailable(f"npm installed {ROUTER_PACKAGE}@{version} into {router_dir}, but {cli} is not version {version}")
+    if cli is None:
+        raise ClaudeCodeUnavailable(f"npm installed {ROUTER_PACKAGE}@{version} into {router_dir}, but it has no dist/cli.js")
     return cli
 
 
@@ -175,17 +168,7 @@ class Router:
 
 
 def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["install"])
-    parser.add_argument("--router-dir", type=Path, default=DEFAULT_ROUTER_DIR)
-    args = parser.parse_args()
-    try:
-        cli = install(args.router_dir)
-    except ClaudeCodeUnavailable as error:
-        sys.exit(f"error: {error}")
-    print(f"{cli} ({installed_version(args.router_dir)})")
+    npm_cli.install_command(__doc__.splitlines()[0], install, DEFAULT_ROUTER_DIR, ROUTER_PACKAGE)
 
 
 if __name__ == "__main__":

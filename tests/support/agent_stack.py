@@ -5,8 +5,9 @@
                      tests/support/scripted_tool_use.py too when the test scripts tool calls)
         -> python -m stable_prefix.engine_patch serve MODEL (the patched engine)
 
-Shared by the Claude Code, claude-code-router, Codex CLI and Responses API
-tests, which differ in the path the client speaks and the model they serve.
+Shared by the Claude Code, claude-code-router, opencode, Qwen Code, Codex CLI
+and Responses API tests, which differ in the path the client speaks and the
+model they serve.
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ class Stack:
                 return
             time.sleep(0.5)
         raise TimeoutError(f"requests still in flight after {timeout:.0f}s (engine door, captures): {last}")
+
+
+@contextlib.contextmanager
+def shipped_engine(tmp_path: Path, model: Path, served_model: str) -> Iterator[Server]:
+    """vllm-mlx as shipped (`--no-prefix-cache`), the same model under the same name: what a
+    greedy answer must be whatever the cache reused."""
+    port = free_port()
+    command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(model), "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", served_model, "--no-prefix-cache"]
+    with running("shipped", command, port=port, log_dir=tmp_path, ready=lambda: http_ok(f"http://127.0.0.1:{port}/v1/models")) as engine:
+        yield engine
 
 
 @contextlib.contextmanager

@@ -6,7 +6,11 @@ proxy, both parsed, and names every way they differ beyond the rules:
 
 - every line of text is still there (as often as it was), except a billing
   header line of the system prompt (a line that starts with
-  `x-anthropic-billing-header:`; in user or assistant text it stays);
+  `x-anthropic-billing-header:`; in user or assistant text it stays), and a
+  turn reminder sent as the same whole text part in several user messages (a
+  `<system-reminder>` opening with `The current date is:`, `# Plan Mode` or
+  `Your operational mode has changed`), which is pinned to the first user
+  message once: it is there at least once;
 - nothing new: a line that was not in the client's body is a wrapper the rules
   add (`<system-reminder>`, `<functions>`) or the schema of a client's tool;
 - every tool offered is still in `tools` or inlined, with its schema, into a
@@ -39,6 +43,8 @@ NOT_TEXT_KEYS = frozenset({"role", "type", "tool_name", "model"})
 CAPPED_KEYS = frozenset({"max_tokens", "max_completion_tokens", "max_output_tokens"})
 WRAPPER_LINES = frozenset({"<system-reminder>", "</system-reminder>", "<functions>", "</functions>"})
 BILLING_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:", re.IGNORECASE)
+TURN_REMINDER = re.compile(r"<system-reminder>\s*(?:The current date is:|# Plan Mode\b|Your operational mode has changed\b).*</system-reminder>\s*$",
+                           re.DOTALL)
 FUNCTION_LINE = re.compile(r"^<function>(\{.*\})</function>$")
 
 
@@ -126,13 +132,39 @@ def inlined_entries(lines: Counter) -> dict[str, dict]:
     return entries
 
 
+def turn_reminder_parts(body: dict) -> Counter:
+    """The texts of the whole text parts of user messages (`messages`, Responses' `input`) that are turn reminders."""
+    parts: Counter = Counter()
+    for key in ("messages", "input"):
+        for message in body.get(key) if isinstance(body.get(key), list) else []:
+            content = message.get("content") if isinstance(message, dict) and message.get("role") == "user" else None
+            for part in content if isinstance(content, list) else []:
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str) and TURN_REMINDER.match(text):
+                    parts[text] += 1
+    return parts
+
+
+def _repeated_reminder_lines(client: dict, forwarded: dict, found: list[str]) -> Counter:
+    """The lines a turn reminder's copies may lose (all but one), naming a reminder no copy of which is left."""
+    allowed: Counter = Counter()
+    forwarded_parts = turn_reminder_parts(forwarded)
+    for text, count in turn_reminder_parts(client).items():
+        if not forwarded_parts[text]:
+            found.append(f"turn reminder lost: {text[:120]!r}")
+        for _ in range(count - 1):
+            allowed += text_lines([text])
+    return allowed
+
+
 def problems(client: dict, forwarded: dict, system_texts: Callable[[dict], list[str]],
              *, served_model: str | None = None, max_tokens_cap: int = 0) -> list[str]:
     found: list[str] = []
     client_lines = text_lines(text_strings(_without_tools(client)))
     forwarded_lines = text_lines(text_strings(_without_tools(forwarded)))
     billing = text_lines(line for text in system_texts(client) for line in lines_of(text) if BILLING_LINE.match(line))
-    for line, count in (client_lines - billing).items():
+    repeated = _repeated_reminder_lines(client, forwarded, found)
+    for line, count in (client_lines - billing - repeated).items():
         if forwarded_lines[line] < count:
             found.append(f"line lost: {line[:120]!r} ({count}x sent, {forwarded_lines[line]}x forwarded)")
     client_tools = client.get("tools") if isinstance(client.get("tools"), list) else []

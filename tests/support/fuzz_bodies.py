@@ -65,11 +65,28 @@ WORDS = [
     "mentions x-anthropic-billing-header: in passing", "💥", "日本語のテキスト", "naïve café", "tab\there", "{\"json\": [1, 2]}",
     f"cut {LONE_SURROGATE} emoji", "\udc00 low half", "\x00nul", "\x1b[31mred\x1b[0m", "\u2028line separator", "\x85next line",
 ]
+# Lines that open opencode's and Qwen Code's conversation context (normalize.SYSTEM_CONTEXT_OPENINGS): in a
+# system prompt the rule moves them, and what follows up to the next one, into the first user message.
+CONTEXT_LINES = ["Today's date: Tue Dec 01 2026", "Git snapshot at conversation start (it may be stale):", "# auto memory"]
+# The reminders an agent puts on a user message that the rules move (normalize.TURN_REMINDER_OPENINGS,
+# STARTUP_CONTEXT), as whole text parts; the words after each opening are ours.
+AGENT_REMINDER_OPENINGS = [
+    "The current date is: Tuesday, December 1, 2026.", "# Plan Mode\nRead and plan; change nothing.",
+    "Your operational mode has changed from plan to build.", "This is the Qwen Code. We are setting up the context for our chat.",
+]
 _line = st.one_of(
     st.lists(st.sampled_from(WORDS), max_size=5).map(" ".join),
     st.text(st.characters(exclude_categories=()), max_size=24),
     billing_lines(),
+    st.sampled_from(CONTEXT_LINES),
 )
+
+
+@st.composite
+def agent_reminders(draw) -> str:
+    """A `<system-reminder>` text part of the kind the turn-reminder and conversation-context rules move."""
+    opening, more = draw(st.sampled_from(AGENT_REMINDER_OPENINGS)), draw(texts())
+    return f"<system-reminder>\n{opening}\n{more}\n</system-reminder>" + draw(st.sampled_from(["", "\n"]))
 
 
 @st.composite
@@ -101,13 +118,15 @@ def _with_cache_control(block: dict) -> st.SearchStrategy[dict]:
 # --- Anthropic /v1/messages ---------------------------------------------------------------------
 
 _a_text = st.builds(lambda text: {"type": "text", "text": text}, texts()).flatmap(_with_cache_control)
+_a_reminder = st.builds(lambda text: {"type": "text", "text": text}, agent_reminders())
 _a_tool_use = st.builds(lambda id_, name, args: {"type": "tool_use", "id": "toolu_" + id_, "name": name, "input": args},
                         _ids, _names, st.dictionaries(st.sampled_from(["path", "command"]), texts(), max_size=2))
 _a_reference = st.builds(lambda name: {"type": "tool_reference", "tool_name": name}, _names)
 _a_tool_result = st.builds(lambda id_, content: {"type": "tool_result", "tool_use_id": "toolu_" + id_, "content": content},
                            _ids, texts() | st.lists(_a_text | _a_reference, max_size=3))
 _a_message = st.one_of(
-    st.builds(lambda content: {"role": "user", "content": content}, texts() | st.lists(_a_text | _a_tool_result, min_size=1, max_size=3)),
+    st.builds(lambda content: {"role": "user", "content": content},
+              texts() | st.lists(_a_text | _a_tool_result | _a_reminder, min_size=1, max_size=3)),
     st.builds(lambda content: {"role": "assistant", "content": content}, texts() | st.lists(_a_text | _a_tool_use, min_size=1, max_size=3)),
     st.builds(lambda content: {"role": "system", "content": content}, texts() | st.just([]) | st.lists(_a_text, max_size=2)),
 )
@@ -139,6 +158,7 @@ def anthropic_system_texts(body: dict) -> list[str]:
 # --- OpenAI /v1/chat/completions ----------------------------------------------------------------
 
 _o_text = st.builds(lambda text: {"type": "text", "text": text}, texts())
+_o_reminder = st.builds(lambda text: {"type": "text", "text": text}, agent_reminders())
 _o_call = st.builds(lambda id_, name, args: {"id": "call_" + id_, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}},
                     _ids, _names, st.dictionaries(st.sampled_from(["path", "command"]), st.text(max_size=12), max_size=2))
 # claude-code-router sends a tool result as the JSON text of its blocks (a ToolSearch load among them).
@@ -146,7 +166,7 @@ _o_tool_content = texts() | st.lists(_a_text | _a_reference, min_size=1, max_siz
 _o_message = st.one_of(
     st.builds(lambda role, content: {"role": role, "content": content}, st.sampled_from(["system", "developer"]),
               texts() | st.lists(_o_text, min_size=1, max_size=2)),
-    st.builds(lambda content: {"role": "user", "content": content}, texts() | st.lists(_o_text, min_size=1, max_size=2)),
+    st.builds(lambda content: {"role": "user", "content": content}, texts() | st.lists(_o_text | _o_reminder, min_size=1, max_size=3)),
     st.builds(lambda content, calls: {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})},
               st.none() | texts(), st.lists(_o_call, max_size=2)),
     st.builds(lambda id_, content: {"role": "tool", "tool_call_id": "call_" + id_, "content": content}, _ids, _o_tool_content),
@@ -188,9 +208,10 @@ def openai_system_texts(body: dict) -> list[str]:
 # --- OpenAI /v1/responses (the Responses API) --------------------------------------------------
 
 _r_text = st.builds(lambda text: {"type": "input_text", "text": text}, texts())
+_r_reminder = st.builds(lambda text: {"type": "input_text", "text": text}, agent_reminders())
 _r_item = st.one_of(
     st.builds(lambda role, content: {"type": "message", "role": role, "content": content},
-              st.sampled_from(["user", "developer", "system", "assistant"]), texts() | st.lists(_r_text, min_size=1, max_size=2)),
+              st.sampled_from(["user", "developer", "system", "assistant"]), texts() | st.lists(_r_text | _r_reminder, min_size=1, max_size=3)),
     st.builds(lambda id_, name, args: {"type": "function_call", "call_id": "call_" + id_, "name": name, "arguments": json.dumps(args)},
               _ids, _names, st.dictionaries(st.sampled_from(["path", "command"]), st.text(max_size=12), max_size=2)),
     st.builds(lambda id_, output: {"type": "function_call_output", "call_id": "call_" + id_, "output": output}, _ids, texts()),

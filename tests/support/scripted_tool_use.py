@@ -19,11 +19,14 @@ A step answers the first request that offers a tool named `tool` and whose
 last message is a fresh user prompt, not a tool result (system messages aside:
 Claude Code sends its environment after the prompt), holding `prompt_contains`
 when the step names one: one streamed answer with
-one call per input, so two inputs start two subagents at once. Two protocols:
-`POST /v1/messages` gets an Anthropic message of `tool_use` blocks,
-`POST /v1/responses` a Responses stream of `function_call` items (the input is
-their `arguments`, as JSON). The usage the engine reported is kept. Load it
-after the recorder, which then records the engine's own answer.
+one call per input, so two inputs start two subagents at once. On the OpenAI
+path a tool result is a `role:"tool"` message, so it is never last of a fresh
+prompt. Three protocols, each answered in its own: `POST /v1/messages` gets an
+Anthropic message of `tool_use` blocks, `POST /v1/chat/completions` OpenAI
+`tool_calls` deltas, `POST /v1/responses` a Responses stream of
+`function_call` items (the input is their `arguments`, as JSON). The usage the
+engine reported is kept. Load it after the recorder, which then records the
+engine's own answer.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 SCRIPTED_CALLS = "scripted_calls"
 MESSAGES_PATH = "/v1/messages"
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 
 
 def usage_in(stream: bytes) -> dict:
@@ -72,6 +76,23 @@ def tool_use_events(model: str, calls: list[tuple[str, str, dict]], usage: dict)
     return b"".join(events)
 
 
+def tool_call_chunks(model: str, calls: list[tuple[str, str, dict]], usage: dict) -> bytes:
+    """An OpenAI streamed chat completion whose message is the given (id, name, input) tool calls,
+    ending as vllm-mlx ends one: a `finish_reason` chunk, a usage chunk, `[DONE]`."""
+    def chunk(choices: list, **extra) -> bytes:
+        data = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": model, "choices": choices, **extra}
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    deltas = [{"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(tool_input)}}
+              for index, (call_id, name, tool_input) in enumerate(calls)]
+    return b"".join([
+        chunk([{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": deltas}, "finish_reason": None}]),
+        chunk([{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]),
+        chunk([], usage={**usage, "completion_tokens": len(calls)}),
+        b"data: [DONE]\n\n",
+    ])
+
+
 def function_call_events(model: str, calls: list[tuple[str, str, dict]], usage: dict) -> bytes:
     """A Responses stream whose output is the given (call id, name, arguments) function calls."""
     items = [{"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name,
@@ -99,7 +120,7 @@ def _text(content) -> str:
 
 
 # Per path: the answer to script, and the text of the request's fresh user prompt (None: it ends otherwise).
-def _anthropic_prompt(body: dict) -> str | None:
+def _messages_prompt(body: dict) -> str | None:
     messages = [message for message in body.get("messages") or [] if message.get("role") != "system"]
     if not messages or messages[-1].get("role") != "user":
         return None
@@ -117,12 +138,19 @@ def _responses_prompt(body: dict) -> str | None:
     return _text(last.get("content")) if is_message(last) and last.get("role") == "user" else None
 
 
-PROTOCOLS = {MESSAGES_PATH: (tool_use_events, _anthropic_prompt), RESPONSES_PATH: (function_call_events, _responses_prompt)}
+PROTOCOLS = {MESSAGES_PATH: (tool_use_events, _messages_prompt), CHAT_COMPLETIONS_PATH: (tool_call_chunks, _messages_prompt),
+             RESPONSES_PATH: (function_call_events, _responses_prompt)}
 
 
 def offered(body: dict) -> set[str]:
-    """Tool names: Anthropic's and the Responses API's function tools both name themselves at the top."""
-    return {tool.get("name") for tool in body.get("tools") or [] if isinstance(tool, dict)}
+    """Tool names: Anthropic's and the Responses API's function tools name themselves at the top, OpenAI chat's
+    in `function.name`."""
+    names = set()
+    for tool in body.get("tools") or []:
+        if isinstance(tool, dict):
+            function = tool.get("function")
+            names.add(function.get("name") if isinstance(function, dict) else tool.get("name"))
+    return names
 
 
 class ScriptedToolUse:

@@ -1,0 +1,70 @@
+"""What `stable-prefix claude|opencode|qwen` share: our flags first, the running stack's state,
+and replacing this process with the agent in an environment that points it at the stack.
+
+Each agent's own part (which binary, which variables) is in its launcher module
+(`claude.py`, `opencode.py`, `qwen.py`) and its `tools/` module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from stable_prefix.stack import DEFAULT_PORT, stack_state_path
+from stable_prefix.tools.claude_code import ClaudeCodeUnavailable
+from stable_prefix.tools.servers import http_ok
+
+
+class CannotLaunch(Exception):
+    """A usage error, or no running stack: the message says which and what to do."""
+
+
+def split_arguments(argv: list[str], binary_flag: str, usage: str) -> tuple[int, str | None, list[str]]:
+    """Our flags (`--port N`, `binary_flag PATH`) come first; everything from the first other argument on is the agent's."""
+    port, binary = DEFAULT_PORT, None
+    while argv and argv[0] in ("--port", binary_flag):
+        if len(argv) < 2:
+            raise CannotLaunch(f"{argv[0]} needs a value\n{usage}")
+        flag, value, argv = argv[0], argv[1], argv[2:]
+        if flag == "--port":
+            if not value.isdigit():
+                raise CannotLaunch(f"--port {value!r}: not a port number\n{usage}")
+            port = int(value)
+        else:
+            binary = value
+    return port, binary, argv
+
+
+def stack_state(port: int) -> dict:
+    path = stack_state_path(port)
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CannotLaunch(f"no stack is running on port {port} ({path} does not exist). "
+                           f"Start one with `stable-prefix up MODEL{'' if port == DEFAULT_PORT else f' --port {port}'}`.") from None
+    except (OSError, ValueError) as error:
+        raise CannotLaunch(f"{path}: cannot be read ({error})") from None
+    if not http_ok(f"{state['url']}/v1/models", timeout=10):
+        raise CannotLaunch(f"the stack recorded in {path} does not answer at {state['url']} (did `stable-prefix up` stop?)")
+    return state
+
+
+def launch(command: str, argv: list[str], binary_flag: str, usage: str, find_binary: Callable[[str | None], Path],
+           environment_for: Callable[[dict, int], dict[str, str]], removed: tuple[str, ...] = ()) -> int:
+    """Replace this process with the agent: `find_binary(explicit)` names it, `environment_for(state, port)`
+    gives the variables that point it at the stack; `removed` leave the user's environment first."""
+    try:
+        port, explicit_binary, agent_arguments = split_arguments(argv, binary_flag, usage)
+        state = stack_state(port)
+        binary = find_binary(explicit_binary)
+    except (CannotLaunch, ClaudeCodeUnavailable) as error:
+        print(f"stable-prefix {command}: {error}", file=sys.stderr)
+        return 2
+    environment = {name: value for name, value in os.environ.items() if name not in removed}
+    environment.update(environment_for(state, port))
+    sys.stdout.flush()
+    os.execve(binary, [str(binary), *agent_arguments], environment)
+    return 0  # not reached: exec replaced this process
