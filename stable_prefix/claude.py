@@ -19,4 +19,5 @@ USAGE = "usage: stable-prefix claude [--port N] [--claude PATH] [claude argument
 
 def main(argv: list[str]) -> int:
     return launch("claude", argv, "--claude", USAGE, user_binary,
-                  lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"]), removed=CREDENTIAL_VARIABLES)
+                  environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"]),
+                  removed=CREDENTIAL_VARIABLES)

@@ -7,6 +7,7 @@ same code.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 
@@ -20,34 +21,12 @@ def _engine_patch(command: str) -> Callable[[list[str]], int]:
     return run
 
 
-def _up(argv: list[str]) -> int:
-    from stable_prefix.stack import main
+def _main_of(module: str) -> Callable[[list[str]], int]:
+    """`stable_prefix.<module>.main`, imported when its command runs (each command loads only its own code)."""
+    def run(argv: list[str]) -> int:
+        return importlib.import_module(f"stable_prefix.{module}").main(argv)
 
-    return main(argv)
-
-
-def _claude(argv: list[str]) -> int:
-    from stable_prefix.claude import main
-
-    return main(argv)
-
-
-def _opencode(argv: list[str]) -> int:
-    from stable_prefix.opencode import main
-
-    return main(argv)
-
-
-def _qwen(argv: list[str]) -> int:
-    from stable_prefix.qwen import main
-
-    return main(argv)
-
-
-def _codex(argv: list[str]) -> int:
-    from stable_prefix.codex import main
-
-    return main(argv)
+    return run
 
 
 def _captures(command: str) -> Callable[[list[str]], int]:
@@ -61,11 +40,11 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 
 # command -> (one-line help, runner taking the remaining arguments)
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
-    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _up),
-    "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _claude),
-    "opencode": ("opencode against the running stack: opencode [--port 8080] [opencode arguments]", _opencode),
-    "qwen": ("Qwen Code against the running stack: qwen [--port 8080] [qwen arguments]", _qwen),
-    "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _codex),
+    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _main_of("stack")),
+    "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _main_of("claude")),
+    "opencode": ("opencode against the running stack: opencode [--port 8080] [opencode arguments]", _main_of("opencode")),
+    "qwen": ("Qwen Code against the running stack: qwen [--port 8080] [qwen arguments]", _main_of("qwen")),
+    "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _main_of("codex")),
     "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
               _engine_patch("serve")),
     "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),

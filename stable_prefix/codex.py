@@ -15,28 +15,16 @@ stay where they are. Any Codex command works: `stable-prefix codex`,
 
 from __future__ import annotations
 
-import os
-import sys
-
-from stable_prefix.launch import CannotLaunch, split_arguments, stack_state
-from stable_prefix.tools.codex_cli import CodexUnavailable, config_overrides, stack_settings, user_binary
+from stable_prefix.launch import launch
+from stable_prefix.tools.codex_cli import config_overrides, stack_settings, user_binary
 
 USAGE = "usage: stable-prefix codex [--port N] [--codex PATH] [codex arguments...]"
 
 
-def command_line(binary: str, state: dict, codex_arguments: list[str]) -> list[str]:
-    """Codex with the stack's configuration first (root options, so every subcommand gets them)."""
-    return [binary, *config_overrides(stack_settings(state["url"], state["model"])), *codex_arguments]
+def stack_options(state: dict) -> list[str]:
+    """The stack's configuration as root options, before the user's arguments, so every subcommand gets them."""
+    return config_overrides(stack_settings(state["url"], state["model"]))
 
 
 def main(argv: list[str]) -> int:
-    try:
-        port, explicit_binary, codex_arguments = split_arguments(argv, "--codex", USAGE)
-        state = stack_state(port)
-        binary = user_binary(explicit_binary)
-    except (CannotLaunch, CodexUnavailable) as error:
-        print(f"stable-prefix codex: {error}", file=sys.stderr)
-        return 2
-    sys.stdout.flush()
-    os.execv(binary, command_line(str(binary), state, codex_arguments))
-    return 0  # not reached: exec replaced this process
+    return launch("codex", argv, "--codex", USAGE, user_binary, arguments_for=stack_options)

@@ -1,8 +1,9 @@
-"""What `stable-prefix claude|opencode|qwen` share: our flags first, the running stack's state,
-and replacing this process with the agent in an environment that points it at the stack.
+"""What `stable-prefix claude|opencode|qwen|codex` share: our flags first, the running stack's state,
+and replacing this process with the agent, pointed at the stack by its environment or its arguments.
 
-Each agent's own part (which binary, which variables) is in its launcher module
-(`claude.py`, `opencode.py`, `qwen.py`) and its `tools/` module.
+Each agent's own part (which binary, which variables or options) is in its
+launcher module (`claude.py`, `opencode.py`, `qwen.py`, `codex.py`) and its
+`tools/` module.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stable_prefix.stack import DEFAULT_PORT, stack_state_path
-from stable_prefix.tools.claude_code import ClaudeCodeUnavailable
+from stable_prefix.tools.npm_package import AgentUnavailable
 from stable_prefix.tools.servers import http_ok
 
 
@@ -52,19 +53,22 @@ def stack_state(port: int) -> dict:
     return state
 
 
-def launch(command: str, argv: list[str], binary_flag: str, usage: str, find_binary: Callable[[str | None], Path],
-           environment_for: Callable[[dict, int], dict[str, str]], removed: tuple[str, ...] = ()) -> int:
-    """Replace this process with the agent: `find_binary(explicit)` names it, `environment_for(state, port)`
-    gives the variables that point it at the stack; `removed` leave the user's environment first."""
+def launch(command: str, argv: list[str], binary_flag: str, usage: str, find_binary: Callable[[str | None], Path], *,
+           environment_for: Callable[[dict, int], dict[str, str]] | None = None,
+           arguments_for: Callable[[dict], list[str]] | None = None, removed: tuple[str, ...] = ()) -> int:
+    """Replace this process with the agent: `find_binary(explicit)` names it; `environment_for(state, port)`
+    gives the variables that point it at the stack, `arguments_for(state)` the options that go before the
+    user's own (both: the stack's state file); `removed` leave the user's environment first."""
     try:
         port, explicit_binary, agent_arguments = split_arguments(argv, binary_flag, usage)
         state = stack_state(port)
         binary = find_binary(explicit_binary)
-    except (CannotLaunch, ClaudeCodeUnavailable) as error:
+    except (CannotLaunch, AgentUnavailable) as error:
         print(f"stable-prefix {command}: {error}", file=sys.stderr)
         return 2
     environment = {name: value for name, value in os.environ.items() if name not in removed}
-    environment.update(environment_for(state, port))
+    environment.update(environment_for(state, port) if environment_for else {})
+    stack_arguments = arguments_for(state) if arguments_for else []
     sys.stdout.flush()
-    os.execve(binary, [str(binary), *agent_arguments], environment)
+    os.execve(binary, [str(binary), *stack_arguments, *agent_arguments], environment)
     return 0  # not reached: exec replaced this process

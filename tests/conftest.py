@@ -1,11 +1,13 @@
-"""Settings every test process and every server it starts share."""
+"""Settings every test process and every server it starts share, and the pinned agent CLIs."""
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_code, codex_cli, opencode, qwen_code
+from stable_prefix.tools import claude_code, claude_code_router, codex_cli, opencode, qwen_code
+from stable_prefix.tools.npm_package import AgentUnavailable
 
 # Servers started by tests keep their KV snapshots in RAM only: no test reads or
 # writes the user's ~/.cache, and no snapshot carries from one test's server to
@@ -13,38 +15,40 @@ from stable_prefix.tools import claude_code, codex_cli, opencode, qwen_code
 os.environ.setdefault("ENGINE_PATCH_NO_DISK_CACHE", "1")
 
 
-@pytest.fixture(scope="session")
-def claude_binary() -> Path:
-    """The pinned Claude Code CLI, installed from npm into .claude-cli/ once."""
-    try:
-        return claude_code.install()
-    except claude_code.ClaudeCodeUnavailable as error:
-        pytest.fail(f"the tests that run the real Claude Code CLI cannot run: {error}", pytrace=False)
-
-
-@pytest.fixture(scope="session")
-def codex_binary() -> Path:
-    """The pinned Codex CLI, installed from npm into .codex-cli/ once."""
-    try:
-        return codex_cli.install()
-    except codex_cli.CodexUnavailable as error:
-        pytest.fail(f"the tests that run the real Codex CLI cannot run: {error}", pytrace=False)
-
-
-def _installed(install, what: str) -> Path:
+def _installed(install: Callable[[], Path], what: str) -> Path:
+    """The pinned CLI, installed from npm (`tools/npm_package.py`) unless it is there; a test that
+    needs it fails, saying why, where it cannot be."""
     try:
         return install()
-    except claude_code.ClaudeCodeUnavailable as error:
+    except AgentUnavailable as error:
         pytest.fail(f"the tests that run the real {what} cannot run: {error}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
+def claude_binary() -> Path:
+    """The pinned Claude Code CLI, in .claude-cli/."""
+    return _installed(claude_code.install, "Claude Code CLI")
+
+
+@pytest.fixture(scope="session")
+def router_cli() -> Path:
+    """The pinned claude-code-router, in .claude-cli/router/."""
+    return _installed(claude_code_router.install, "claude-code-router")
+
+
+@pytest.fixture(scope="session")
+def codex_binary() -> Path:
+    """The pinned Codex CLI, in .codex-cli/."""
+    return _installed(codex_cli.install, "Codex CLI")
+
+
+@pytest.fixture(scope="session")
 def opencode_binary() -> Path:
-    """The pinned opencode, installed from npm into .claude-cli/opencode/ once."""
+    """The pinned opencode, in .claude-cli/opencode/."""
     return _installed(opencode.install, "opencode")
 
 
 @pytest.fixture(scope="session")
 def qwen_cli() -> Path:
-    """The pinned Qwen Code, installed from npm into .claude-cli/qwen-code/ once."""
+    """The pinned Qwen Code, in .claude-cli/qwen-code/."""
     return _installed(qwen_code.install, "Qwen Code")

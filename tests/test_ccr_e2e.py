@@ -39,14 +39,6 @@ MIN_REUSED_SHARE = 0.9
 TURN_TIMEOUT_S = 600.0
 
 
-@pytest.fixture(scope="module")
-def router_cli() -> Path:
-    try:
-        return claude_code_router.install()
-    except claude_code.ClaudeCodeUnavailable as error:
-        pytest.fail(f"the claude-code-router end-to-end test cannot run: {error}", pytrace=False)
-
-
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     with running_stack(tmp_path, require_model(), SERVED_MODEL, ANSWER_TOKENS, CHAT_PATH) as started:

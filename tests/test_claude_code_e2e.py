@@ -236,7 +236,7 @@ def test_a_new_conversation_in_the_same_repository_reuses_its_prompt(stack: Stac
     started = time.monotonic()
     first = claude.print_turn("Say hello in one word.", timeout=COLD_TURN_TIMEOUT_S)
     assert first.returncode == 0, f"the first conversation failed:\n{first.stdout}\n{first.stderr}"
-    sandbox.commit("notes.md", "Remember to write the tests first.\n", "Add notes")
+    sandbox.project.commit("notes.md", "Remember to write the tests first.\n", "Add notes")
     stats_before = stack.cache_stats()
     second = claude.print_turn("Now say goodbye in one word.", timeout=COLD_TURN_TIMEOUT_S)
     assert second.returncode == 0, f"the second conversation failed:\n{second.stdout}\n{second.stderr}"

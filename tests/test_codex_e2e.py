@@ -171,7 +171,7 @@ def test_a_new_conversation_in_the_same_repository_after_an_edit_and_a_commit_re
         sandbox = codex_cli.Sandbox.create(tmp_path / "codex", stack.proxy.url, SERVED_MODEL)
         codex = codex_cli.Codex(codex_binary, sandbox)
         first, _ = run(codex, stack, "Say hello in one word.")
-        sandbox.repository.commit("notes.md", "Write the tests first.\n", "Add notes")
+        sandbox.project.commit("notes.md", "Write the tests first.\n", "Add notes")
         second, reused = run(codex, stack, "Now say goodbye in one word.")
         requests = requests_of(stack)
         with capsys.disabled():

@@ -315,14 +315,16 @@ def test_a_live_line_reads_openai_usage_and_names_a_failed_request():
     assert live_line(record) == "#9 sub:1a2b3c · HTTP 400 · 1,200 prompt tok · 1,100 reused · TTFT 0.25 s"
 
 
-# --- stable-prefix claude -----------------------------------------------------------------------------
+# --- stable-prefix claude (and every agent's command without a stack) ------------------------------------
 
 
-def test_claude_without_a_running_stack_says_how_to_start_one(tmp_path):
-    result = subprocess.run([str(VENV_BIN / "stable-prefix"), "claude", "--port", "18123", "-p", "hi"], capture_output=True,
+@pytest.mark.parametrize("command", ["claude", "opencode", "qwen", "codex"])
+def test_an_agent_without_a_running_stack_says_how_to_start_one(command, tmp_path):
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, "--port", "18123", "hi"], capture_output=True,
                             text=True, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
     assert result.returncode == 2
-    assert "no stack is running on port 18123" in result.stderr and "stable-prefix up MODEL --port 18123" in result.stderr
+    assert f"stable-prefix {command}: no stack is running on port 18123" in result.stderr
+    assert "stable-prefix up MODEL --port 18123" in result.stderr
 
 
 def user_config(root: Path) -> dict[str, str]:
@@ -396,15 +398,6 @@ def test_the_log_follower_gives_each_diagnosis_line_once_and_waits_for_a_line_be
 
 
 # --- stable-prefix opencode, stable-prefix qwen --------------------------------------------------------
-
-
-@pytest.mark.parametrize("command", ["opencode", "qwen"])
-def test_an_agent_without_a_running_stack_says_how_to_start_one(command, tmp_path):
-    result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, "--port", "18123", "hi"], capture_output=True,
-                            text=True, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
-    assert result.returncode == 2
-    assert f"stable-prefix {command}: no stack is running on port 18123" in result.stderr
-    assert "stable-prefix up MODEL --port 18123" in result.stderr
 
 
 def requests_of_a_launch(web_stack, arguments: list[str], environment: dict[str, str], cwd: Path) -> list[dict]:

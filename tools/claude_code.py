@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.tools import npm_package
-from stable_prefix.tools.scratch_repository import ScratchRepository
+from stable_prefix.tools.npm_package import AgentUnavailable
+from stable_prefix.tools.scratch_project import ScratchProject
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_PACKAGE = "@anthropic-ai/claude-code"
@@ -63,8 +64,8 @@ CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_
 NATIVE_MAGICS = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"MZ")
 
 
-class ClaudeCodeUnavailable(RuntimeError):
-    """The CLI cannot be installed or started here (no npm, no network for npm, no binary)."""
+class ClaudeCodeUnavailable(AgentUnavailable):
+    """Claude Code (or claude-code-router) cannot be installed or started here."""
 
 
 def is_native_executable(path: Path) -> bool:
@@ -111,25 +112,10 @@ def stack_environment(base_url: str, model: str, max_output_tokens: int) -> dict
     }
 
 
-def executable(explicit: str | None, name: str, pinned: Path | None, missing: str) -> Path:
-    """The agent to launch for a user: `explicit`, else `name` on PATH, else the `pinned` install;
-    `missing` says how to get one when there is none."""
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not os.access(path, os.X_OK):
-            raise ClaudeCodeUnavailable(f"{explicit}: not an executable file")
-        return path
-    found = shutil.which(name) or pinned
-    if found:
-        return Path(found)
-    raise ClaudeCodeUnavailable(missing)
-
-
 def user_binary(explicit: str | None = None) -> Path:
     """The Claude Code to launch for a user: `explicit`, else `claude` on PATH, else the pinned one in `.claude-cli/`."""
-    return npm_package.user_binary(explicit, "claude", find_binary(), ClaudeCodeUnavailable,
-                                   f"Install it with `npm install -g {CLI_PACKAGE}`, or the pinned {CLI_VERSION} into "
-                                   f"{DEFAULT_CLI_DIR} with `python -m stable_prefix.tools.claude_code install`.")
+    return npm_package.user_binary(explicit, "claude", find_binary(),
+                                   npm_package.how_to_install(CLI_PACKAGE, CLI_VERSION, DEFAULT_CLI_DIR, "claude_code"), ClaudeCodeUnavailable)
 
 
 def installed_version(binary: Path) -> str | None:
@@ -139,19 +125,9 @@ def installed_version(binary: Path) -> str | None:
 
 def install(cli_dir: Path = DEFAULT_CLI_DIR, version: str = CLI_VERSION) -> Path:
     """Install the pinned CLI into `cli_dir` unless it is already there; return the binary."""
-    binary = find_binary(cli_dir)
-    if binary and installed_version(binary) == version:
-        return binary
-    npm_package.npm_install(cli_dir, CLI_PACKAGE, version, ClaudeCodeUnavailable)
-    binary = find_binary(cli_dir)
-    if binary is None:
-        raise ClaudeCodeUnavailable(
-            f"npm installed {CLI_PACKAGE}@{version} into {cli_dir}, but no native `claude` binary for this "
-            f"platform ({sys.platform}) was found in it (optional platform package missing?)")
-    found_version = installed_version(binary)
-    if found_version != version:
-        raise ClaudeCodeUnavailable(f"{binary} reports version {found_version!r}, expected {version}")
-    return binary
+    return npm_package.install_binary(cli_dir, CLI_PACKAGE, version, find_binary,
+                                      f"a native `claude` binary for this platform ({sys.platform}; optional platform package missing?)",
+                                      ClaudeCodeUnavailable, reported_version=installed_version)
 
 
 @dataclass(frozen=True)
@@ -166,11 +142,9 @@ class Sandbox:
     def create(cls, root: Path, api_key: str = DUMMY_API_KEY, *, git_repository: bool = False) -> Sandbox:
         """`git_repository`: the working directory is a git repository with one
         commit, as a user's project is (Claude Code then sends its git status)."""
-        sandbox = cls(home=root / "home", config_dir=root / "claude-config", workdir=root / "project")
-        for folder in (sandbox.home, sandbox.config_dir, sandbox.workdir):
-            folder.mkdir(parents=True, exist_ok=True)
-        if git_repository:
-            sandbox.repository.start()
+        project = ScratchProject.create(root, git_repository=git_repository)
+        sandbox = cls(home=project.home, config_dir=root / "claude-config", workdir=project.workdir)
+        sandbox.config_dir.mkdir(parents=True, exist_ok=True)
         # Each key answers a first-run dialog that would otherwise wait for a keypress.
         global_config = {
             "hasCompletedOnboarding": True,
@@ -187,12 +161,9 @@ class Sandbox:
         return sandbox
 
     @property
-    def repository(self) -> ScratchRepository:
-        return ScratchRepository(self.workdir, self.home)
-
-    def commit(self, path: str, text: str, message: str) -> None:
-        """Write a file and commit it (a change the next conversation's git status shows)."""
-        self.repository.commit(path, text, message)
+    def project(self) -> ScratchProject:
+        """HOME and working directory (`project.commit(...)`: an edit and a commit between conversations)."""
+        return ScratchProject(self.home, self.workdir)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stable_prefix.tools import npm_cli
+from stable_prefix.tools import npm_package
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, REQUEST_TIMEOUT_MS, ClaudeCodeUnavailable
 
 ROUTER_PACKAGE = "@musistudio/claude-code-router"
@@ -66,17 +66,9 @@ def find_router(router_dir: Path = DEFAULT_ROUTER_DIR) -> Path | None:
     return cli if cli.is_file() else None
 
 
-def installed_version(router_dir: Path) -> str | None:
-    return npm_cli.installed_version(router_dir, ROUTER_PACKAGE)
-
-
 def install(router_dir: Path = DEFAULT_ROUTER_DIR, version: str = ROUTER_VERSION) -> Path:
     """Install the pinned router into `router_dir` unless it is there; return its `cli.js`."""
-    npm_cli.install_package(router_dir, ROUTER_PACKAGE, version)
-    cli = find_router(router_dir)
-    if cli is None:
-        raise ClaudeCodeUnavailable(f"npm installed {ROUTER_PACKAGE}@{version} into {router_dir}, but it has no dist/cli.js")
-    return cli
+    return npm_package.install_binary(router_dir, ROUTER_PACKAGE, version, find_router, "its dist/cli.js", ClaudeCodeUnavailable)
 
 
 @dataclass(frozen=True)
@@ -168,7 +160,7 @@ class Router:
 
 
 def main() -> None:
-    npm_cli.install_command(__doc__.splitlines()[0], install, DEFAULT_ROUTER_DIR, ROUTER_PACKAGE)
+    npm_package.install_command(__doc__.splitlines()[0], install, DEFAULT_ROUTER_DIR, ROUTER_PACKAGE)
 
 
 if __name__ == "__main__":

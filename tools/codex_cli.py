@@ -25,18 +25,17 @@ process whose requests end with its turn (a tool call is one more request).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.tools import npm_package
 from stable_prefix.tools.claude_code import REQUEST_TIMEOUT_MS, is_native_executable
-from stable_prefix.tools.scratch_repository import ScratchRepository
+from stable_prefix.tools.npm_package import AgentUnavailable
+from stable_prefix.tools.scratch_project import ScratchProject
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_PACKAGE = "@openai/codex"
@@ -49,8 +48,8 @@ PLATFORM_PACKAGES = {("Linux", "x86_64"): "codex-linux-x64", ("Linux", "aarch64"
                      ("Darwin", "x86_64"): "codex-darwin-x64", ("Darwin", "arm64"): "codex-darwin-arm64"}
 
 
-class CodexUnavailable(RuntimeError):
-    """The CLI cannot be installed or started here (no npm, no network for npm, no binary)."""
+class CodexUnavailable(AgentUnavailable):
+    """Codex CLI cannot be installed or started here."""
 
 
 def stack_settings(base_url: str, model: str) -> dict:
@@ -129,25 +128,15 @@ def installed_version(binary: Path) -> str | None:
 
 def install(cli_dir: Path = DEFAULT_CLI_DIR, version: str = CLI_VERSION) -> Path:
     """Install the pinned CLI into `cli_dir` unless it is already there; return the binary."""
-    binary = find_binary(cli_dir)
-    if binary and installed_version(binary) == version:
-        return binary
-    npm_package.npm_install(cli_dir, CLI_PACKAGE, version, CodexUnavailable)
-    binary = find_binary(cli_dir)
-    if binary is None:
-        raise CodexUnavailable(f"npm installed {CLI_PACKAGE}@{version} into {cli_dir}, but no native `codex` binary for "
-                               f"this platform ({platform.system()} {platform.machine()}) was found in it")
-    found_version = installed_version(binary)
-    if found_version != version:
-        raise CodexUnavailable(f"{binary} reports version {found_version!r}, expected {version}")
-    return binary
+    return npm_package.install_binary(cli_dir, CLI_PACKAGE, version, find_binary,
+                                      f"a native `codex` binary for this platform ({platform.system()} {platform.machine()})",
+                                      CodexUnavailable, reported_version=installed_version)
 
 
 def user_binary(explicit: str | None = None) -> Path:
     """The Codex to launch for a user: `explicit`, else `codex` on PATH, else the pinned one in `.codex-cli/`."""
-    return npm_package.user_binary(explicit, "codex", find_binary(), CodexUnavailable,
-                                   f"Install it with `npm install -g {CLI_PACKAGE}`, or the pinned {CLI_VERSION} into "
-                                   f"{DEFAULT_CLI_DIR} with `python -m stable_prefix.tools.codex_cli install`.")
+    return npm_package.user_binary(explicit, "codex", find_binary(),
+                                   npm_package.how_to_install(CLI_PACKAGE, CLI_VERSION, DEFAULT_CLI_DIR, "codex_cli"), CodexUnavailable)
 
 
 @dataclass(frozen=True)
@@ -160,20 +149,19 @@ class Sandbox:
 
     @classmethod
     def create(cls, root: Path, base_url: str, model: str) -> Sandbox:
-        sandbox = cls(home=root / "home", codex_home=root / "codex-home", workdir=root / "project")
-        for folder in (sandbox.home, sandbox.codex_home, sandbox.workdir):
-            folder.mkdir(parents=True, exist_ok=True)
+        project = ScratchProject.create(root)
+        sandbox = cls(home=project.home, codex_home=root / "codex-home", workdir=project.workdir)
+        sandbox.codex_home.mkdir(parents=True, exist_ok=True)
         settings = stack_settings(base_url, model)
         settings["model_providers"][PROVIDER_ID]["request_max_retries"] = 0  # a retry would be a second cold prefill
         settings["model_providers"][PROVIDER_ID]["stream_max_retries"] = 0
         (sandbox.codex_home / "config.toml").write_text(config_toml(settings))
-        sandbox.repository.start()
         return sandbox
 
     @property
-    def repository(self) -> ScratchRepository:
-        """The working directory's git (`repository.commit(...)`: an edit and a commit between conversations)."""
-        return ScratchRepository(self.workdir, self.home)
+    def project(self) -> ScratchProject:
+        """HOME and the git repository (`project.commit(...)`: an edit and a commit between conversations)."""
+        return ScratchProject(self.home, self.workdir)
 
 
 @dataclass(frozen=True)
@@ -226,16 +214,7 @@ def _json_lines(text: str) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    install_parser = commands.add_parser("install", help=f"install {CLI_PACKAGE}@{CLI_VERSION} (idempotent)")
-    install_parser.add_argument("--cli-dir", type=Path, default=DEFAULT_CLI_DIR)
-    args = parser.parse_args()
-    try:
-        binary = install(args.cli_dir)
-    except CodexUnavailable as error:
-        sys.exit(f"error: {error}")
-    print(f"{binary} ({installed_version(binary)})")
+    npm_package.install_command(__doc__.splitlines()[0], install, DEFAULT_CLI_DIR, CLI_PACKAGE)
 
 
 if __name__ == "__main__":

@@ -2,31 +2,70 @@
 
 One `npm install --no-save` per prefix (a second package installed into the
 same prefix would prune the first). Each agent's installer (`claude_code.py`,
-`claude_code_router.py`, `codex_cli.py`) says where its binary lies in the
-installed tree and how it reports its version; this module runs npm, asks a
-binary its version, and finds the binary to launch for a user.
+`claude_code_router.py`, `codex_cli.py`, `opencode.py`, `qwen_code.py`) says
+which package and version, where its binary lies in the installed tree and how
+that binary reports its version; this module runs npm when the pinned version
+is not there yet, asks a binary its version, finds the binary to launch for a
+user, and gives each installer its `python -m stable_prefix.tools.<agent>
+install` command.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
+INSTALL_TIMEOUT_S = 900
 
-def npm_install(prefix: Path, package: str, version: str, unavailable: type[Exception]) -> None:
-    """`npm install PACKAGE@VERSION` into `prefix`; `unavailable` is raised, naming the cause, when it cannot be."""
+
+class AgentUnavailable(RuntimeError):
+    """An agent's CLI cannot be installed or started here (no npm or node, no network for npm, no binary)."""
+
+
+def installed_version(prefix: Path, package: str) -> str | None:
+    """The version of `package` installed under `prefix`, from its package.json."""
+    try:
+        return json.loads((prefix / "node_modules" / package / "package.json").read_text()).get("version")
+    except (OSError, ValueError):
+        return None
+
+
+def install_package(prefix: Path, package: str, version: str, unavailable: type[AgentUnavailable] = AgentUnavailable) -> None:
+    """`npm install PACKAGE@VERSION` into `prefix` unless that version is there; `unavailable`
+    is raised, with npm's own words, when it cannot be."""
+    if installed_version(prefix, package) == version:
+        return
     npm = shutil.which("npm")
     if npm is None:
         raise unavailable(f"npm not found on PATH, so {package} {version} cannot be installed into {prefix}. "
                           "Install Node.js with npm (https://nodejs.org).")
     prefix.mkdir(parents=True, exist_ok=True)
-    command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save", "--loglevel=error",
-               f"{package}@{version}"]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save", "--loglevel=error", f"{package}@{version}"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     if completed.returncode != 0:
         raise unavailable(f"`{' '.join(command)}` failed with exit code {completed.returncode}:\n{completed.stderr[-3000:]}")
+    if installed_version(prefix, package) != version:
+        raise unavailable(f"npm installed {package}@{version} into {prefix}, but its package.json says {installed_version(prefix, package)!r}")
+
+
+def install_binary(prefix: Path, package: str, version: str, find: Callable[[Path], Path | None], what: str,
+                   unavailable: type[AgentUnavailable] = AgentUnavailable,
+                   reported_version: Callable[[Path], str | None] | None = None) -> Path:
+    """`install_package`, then the binary `find(prefix)` names in the installed tree (`what` it is,
+    for the error when it is not there); with `reported_version`, the binary must say it is `version`."""
+    install_package(prefix, package, version, unavailable)
+    binary = find(prefix)
+    if binary is None:
+        raise unavailable(f"npm installed {package}@{version} into {prefix}, but {what} is not in it")
+    if reported_version is not None and (found := reported_version(binary)) != version:
+        raise unavailable(f"{binary} reports version {found!r}, expected {version}")
+    return binary
 
 
 def version_words(binary: Path) -> list[str]:
@@ -39,8 +78,16 @@ def version_words(binary: Path) -> list[str]:
     return completed.stdout.split() if completed.returncode == 0 else []
 
 
-def user_binary(explicit: str | None, name: str, pinned: Path | None, unavailable: type[Exception], how_to_install: str) -> Path:
-    """The binary to launch for a user: `explicit`, else `name` on PATH, else the pinned install."""
+def how_to_install(package: str, version: str, default_dir: Path, module: str) -> str:
+    """What a user without the agent can do: a global npm install, or the pinned one of `tools/<module>.py`."""
+    return (f"Install it with `npm install -g {package}`, or the pinned {version} into {default_dir} "
+            f"with `python -m stable_prefix.tools.{module} install`.")
+
+
+def user_binary(explicit: str | None, name: str, pinned: Path | None, how_to_install: str,
+                unavailable: type[AgentUnavailable] = AgentUnavailable) -> Path:
+    """The binary to launch for a user: `explicit`, else `name` on PATH, else the `pinned` install;
+    `how_to_install` says how to get one when there is none."""
     if explicit:
         path = Path(explicit).expanduser()
         if not os.access(path, os.X_OK):
@@ -52,3 +99,16 @@ def user_binary(explicit: str | None, name: str, pinned: Path | None, unavailabl
     if pinned:
         return pinned
     raise unavailable(f"no {name} found: none on PATH and no pinned install. {how_to_install}")
+
+
+def install_command(description: str, install: Callable[[Path], Path], default_dir: Path, package: str) -> None:
+    """`python -m stable_prefix.tools.<agent> install [--cli-dir DIR]`: install, print the CLI and its version."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("command", choices=["install"])
+    parser.add_argument("--cli-dir", type=Path, default=default_dir)
+    args = parser.parse_args()
+    try:
+        cli = install(args.cli_dir)
+    except AgentUnavailable as error:
+        sys.exit(f"error: {error}")
+    print(f"{cli} ({installed_version(args.cli_dir, package)})")

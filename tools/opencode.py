@@ -1,6 +1,6 @@
 """opencode (pinned) from npm, pointed at our proxy's OpenAI path, run offline.
 
-Installed into `.claude-cli/opencode/` (`tools/npm_cli.py`). Its whole
+Installed into `.claude-cli/opencode/` (`tools/npm_package.py`). Its whole
 configuration goes in one variable, `OPENCODE_CONFIG_CONTENT`, which outranks
 the user's and the project's `opencode.json`: one provider, `stable-prefix`
 (`@ai-sdk/openai-compatible`, bundled in the binary), at the proxy's `/v1`,
@@ -25,8 +25,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.tools import npm_cli
-from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, ClaudeCodeUnavailable, executable, is_native_executable
+from stable_prefix.tools import npm_package
+from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, is_native_executable
 from stable_prefix.tools.scratch_project import ScratchProject
 
 PACKAGE = "opencode-ai"
@@ -82,17 +82,13 @@ def find_binary(cli_dir: Path = DEFAULT_DIR) -> Path | None:
 
 def install(cli_dir: Path = DEFAULT_DIR, version: str = VERSION) -> Path:
     """Install the pinned opencode into `cli_dir` unless it is there; return its binary."""
-    npm_cli.install_package(cli_dir, PACKAGE, version)
-    binary = find_binary(cli_dir)
-    if binary is None:
-        raise ClaudeCodeUnavailable(f"npm installed {PACKAGE}@{version} into {cli_dir}, but no native opencode binary for "
-                                    f"this platform ({sys.platform}) is in it (optional platform package missing?)")
-    return binary
+    return npm_package.install_binary(cli_dir, PACKAGE, version, find_binary,
+                                      f"a native opencode binary for this platform ({sys.platform}; optional platform package missing?)")
 
 
 def user_binary(explicit: str | None = None) -> Path:
     """The opencode to launch for a user: `explicit`, else `opencode` on PATH, else the pinned one."""
-    return executable(explicit, "opencode", find_binary(), (f"{explicit}: not an executable file"))
+    return npm_package.user_binary(explicit, "opencode", find_binary(), npm_package.how_to_install(PACKAGE, VERSION, DEFAULT_DIR, "opencode"))
 
 
 @dataclass(frozen=True)
@@ -132,7 +128,7 @@ class OpenCode:
 
 
 def main() -> None:
-    npm_cli.install_command(__doc__.splitlines()[0], install, DEFAULT_DIR, PACKAGE)
+    npm_package.install_command(__doc__.splitlines()[0], install, DEFAULT_DIR, PACKAGE)
 
 
 if __name__ == "__main__":

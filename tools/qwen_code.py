@@ -1,6 +1,6 @@
 """Qwen Code (pinned) from npm, pointed at our proxy's OpenAI path, run offline.
 
-Installed into `.claude-cli/qwen-code/` (`tools/npm_cli.py`). It declares node
+Installed into `.claude-cli/qwen-code/` (`tools/npm_package.py`). It declares node
 >= 22; 0.24.4 runs on node 20 as well (every scenario of
 `tests/test_qwen_code_e2e.py` passes on 20.20.2), so the node on PATH is used.
 Its configuration: the OpenAI endpoint, key and model in `OPENAI_BASE_URL`,
@@ -28,8 +28,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.tools import npm_cli
-from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, ClaudeCodeUnavailable, executable
+from stable_prefix.tools import npm_package
+from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR
+from stable_prefix.tools.npm_package import AgentUnavailable
 from stable_prefix.tools.scratch_project import ScratchProject
 
 PACKAGE = "@qwen-code/qwen-code"
@@ -85,19 +86,16 @@ def find_cli(cli_dir: Path = DEFAULT_DIR) -> Path | None:
 def install(cli_dir: Path = DEFAULT_DIR, version: str = VERSION) -> Path:
     """Install the pinned Qwen Code into `cli_dir` unless it is there; return its `qwen`."""
     if shutil.which("node") is None:
-        raise ClaudeCodeUnavailable("node not found on PATH; Qwen Code needs it")
-    npm_cli.install_package(cli_dir, PACKAGE, version)
+        raise AgentUnavailable("node not found on PATH; Qwen Code needs it")
+    cli = npm_package.install_binary(cli_dir, PACKAGE, version, find_cli, "node_modules/.bin/qwen")
     for ripgrep in package_dir(cli_dir).glob(VENDORED_RIPGREP):
         ripgrep.chmod(ripgrep.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    cli = find_cli(cli_dir)
-    if cli is None:
-        raise ClaudeCodeUnavailable(f"npm installed {PACKAGE}@{version} into {cli_dir}, but there is no node_modules/.bin/qwen")
     return cli
 
 
 def user_binary(explicit: str | None = None) -> Path:
     """The Qwen Code to launch for a user: `explicit`, else `qwen` on PATH, else the pinned one."""
-    return executable(explicit, "qwen", find_cli(), (f"{explicit}: not an executable file"))
+    return npm_package.user_binary(explicit, "qwen", find_cli(), npm_package.how_to_install(PACKAGE, VERSION, DEFAULT_DIR, "qwen_code"))
 
 
 @dataclass(frozen=True)
@@ -136,7 +134,7 @@ class QwenCode:
 
 
 def main() -> None:
-    npm_cli.install_command(__doc__.splitlines()[0], install, DEFAULT_DIR, PACKAGE)
+    npm_package.install_command(__doc__.splitlines()[0], install, DEFAULT_DIR, PACKAGE)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""A throwaway HOME and project folder for one agent run, the project a git repository if asked.
+"""A throwaway HOME and project folder for an agent run, the project a git repository if asked.
 
-git runs with an identity of its own and none of the caller's configuration,
-so the commits (and the git status an agent reads) are the same on every machine.
+git runs with an identity of its own and none of the caller's configuration
+(its HOME is the scratch one, no system config), so the commits, and the git
+status an agent reads, are the same on every machine. Each agent's sandbox
+(`claude_code.Sandbox`, `codex_cli.Sandbox`) adds its own config folder beside
+these two; opencode and Qwen Code need none of their own.
 """
 
 from __future__ import annotations
@@ -12,31 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def git(workdir: Path, home: Path, *arguments: str) -> str:
-    environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1",
-                   "GIT_AUTHOR_NAME": "Sandbox", "GIT_AUTHOR_EMAIL": "sandbox@example.invalid",
-                   "GIT_COMMITTER_NAME": "Sandbox", "GIT_COMMITTER_EMAIL": "sandbox@example.invalid"}
-    completed = subprocess.run(["git", *arguments], cwd=workdir, env=environment, capture_output=True, text=True, timeout=60)
-    if completed.returncode != 0:
-        raise RuntimeError(f"git {' '.join(arguments)} in {workdir} failed: {completed.stderr.strip()}")
-    return completed.stdout
-
-
-def commit(workdir: Path, home: Path, path: str, text: str, message: str) -> None:
-    """Write a file and commit it (a change the next conversation's git status shows)."""
-    (workdir / path).write_text(text)
-    git(workdir, home, "add", path)
-    git(workdir, home, "commit", "--quiet", "-m", message)
-
-
 @dataclass(frozen=True)
 class ScratchProject:
-    home: Path
+    home: Path  # the agent's HOME, and git's: no global config of the caller's is read
     workdir: Path
 
     @classmethod
     def create(cls, root: Path, *, git_repository: bool = True) -> ScratchProject:
-        """`git_repository`: the project is a git repository with one commit, as a user's is."""
+        """`root/home` and `root/project`; `git_repository`: the project is a git repository
+        with one commit, as a user's is."""
         project = cls(home=root / "home", workdir=root / "project")
         for folder in (project.home, project.workdir):
             folder.mkdir(parents=True, exist_ok=True)
@@ -46,7 +33,16 @@ class ScratchProject:
         return project
 
     def git(self, *arguments: str) -> str:
-        return git(self.workdir, self.home, *arguments)
+        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "GIT_CONFIG_NOSYSTEM": "1",
+                       "GIT_AUTHOR_NAME": "Sandbox", "GIT_AUTHOR_EMAIL": "sandbox@example.invalid",
+                       "GIT_COMMITTER_NAME": "Sandbox", "GIT_COMMITTER_EMAIL": "sandbox@example.invalid"}
+        completed = subprocess.run(["git", *arguments], cwd=self.workdir, env=environment, capture_output=True, text=True, timeout=60)
+        if completed.returncode != 0:
+            raise RuntimeError(f"git {' '.join(arguments)} in {self.workdir} failed: {completed.stderr.strip()}")
+        return completed.stdout
 
     def commit(self, path: str, text: str, message: str) -> None:
-        commit(self.workdir, self.home, path, text, message)
+        """Write a file and commit it (a change the next conversation's git status shows)."""
+        (self.workdir / path).write_text(text)
+        self.git("add", path)
+        self.git("commit", "--quiet", "-m", message)
