@@ -32,6 +32,19 @@ class Stack:
     door_record: Path
     captures_dir: Path
     api_path: str  # the path the CLI's requests take: /v1/messages or /v1/chat/completions
+    script_path: Path | None = None  # the door's scripted tool uses, when it has them
+    # Where the current test's requests start (`new_window`), for a stack several tests share.
+    arrived_before: int = 0
+    captured_before: int = 0
+
+    def new_window(self) -> None:
+        """From here on `arrived()` and `captures()` hold only the requests that come after."""
+        self.arrived_before, self.captured_before = self.arrived_before + len(self.arrived()), self.captured_before + len(self.captures())
+
+    def script(self, steps: list[dict]) -> None:
+        """Tool calls for the door to put in place of the engine's next answers (what is left of an earlier script goes)."""
+        assert self.script_path is not None, "this stack's door scripts no tool calls (running_stack's script=None)"
+        self.script_path.write_text(json.dumps(steps))
 
     def cache_stats(self) -> dict:
         with urllib.request.urlopen(f"{self.engine.url}/v1/cache/stats", timeout=10) as response:
@@ -44,12 +57,12 @@ class Stack:
         # The recorder may be writing right now: only newline-terminated lines are complete.
         complete_lines = self.door_record.read_text().split("\n")[:-1]
         records = [json.loads(line) for line in complete_lines if line.strip()]
-        return [record for record in records if record["path"].split("?")[0] == self.api_path]
+        return [record for record in records if record["path"].split("?")[0] == self.api_path][self.arrived_before:]
 
     def captures(self) -> list[dict]:
         """The proxy's capture records (`addons/capture.py`), oldest first."""
         paths = sorted(self.captures_dir.glob("*/[0-9][0-9][0-9][0-9]-*.json"))
-        return sorted((json.loads(path.read_text()) for path in paths), key=lambda record: record["seq"])
+        return sorted((json.loads(path.read_text()) for path in paths), key=lambda record: record["seq"])[self.captured_before:]
 
     def wait_until_quiet(self, quiet_s: float = 3.0, timeout: float = 600.0) -> None:
         """Until the proxy's captures and the engine's door agree and nothing new arrived for `quiet_s`
@@ -106,4 +119,4 @@ def running_stack(
         running("door", door_command, port=door_port, log_dir=logs),
         running("proxy", proxy_command, port=proxy_port, log_dir=logs) as proxy,
     ):
-        yield Stack(engine, proxy, door_record, captures_dir, api_path)
+        yield Stack(engine, proxy, door_record, captures_dir, api_path, door_options.get("scripted_tool_uses"))

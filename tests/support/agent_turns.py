@@ -1,21 +1,77 @@
-"""What an OpenAI-protocol agent's conversation looked like at both ends of our proxy, for its end-to-end test.
+"""An OpenAI-protocol agent (opencode, Qwen Code) in the stack, and what its conversation looked like
+at both ends of our proxy, for its end-to-end test.
+
+One stack (`agent_stack.py`: engine, door, proxy) serves a whole test module
+(`AgentUnderTest.stack_fixture`): its engine starts once, and what a test's first request shares with
+the module's earlier requests (system prompt, tools) is not prefilled again. `AgentUnderTest.in_stack`
+gives each test the agent's driver (`tools/opencode.py`, `tools/qwen_code.py`) in a fresh scratch
+project, always at the same path (the agents write it into their prompts), nothing scripted at the
+engine's door until the test scripts it (`Stack.script`), and a window on the stack's records that
+starts with the test.
 
 Each request the agent sent is a `Turn`: its capture record (`addons/capture.py`: the body as the
-agent sent it and as forwarded, the lane and the diagnosis) matched to what the engine's door
-recorded (`tests/support/upstream_recorder.py`: the body as it arrived, the engine's usage). The
-engine's usage is the measure of reuse: `prompt_tokens_details.cached_tokens` of `prompt_tokens`.
+agent sent it and as forwarded, the lane and the diagnosis) matched to what the engine's door recorded
+(`tests/support/upstream_recorder.py`: the body as it arrived, the engine's usage). The engine's usage
+is the measure of reuse: `prompt_tokens_details.cached_tokens` of `prompt_tokens`.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import pytest
+
+from stable_prefix.tools.scratch_project import ScratchProject
+from tests.support import agent_stack
 from tests.support.agent_stack import Stack
 from tests.support.llm_client import send
+from tests.support.models import require_model
 
 CHAT_PATH = "/v1/chat/completions"
+SERVED_MODEL = "tiny-model-test"
+# Issue 17's targets: every continued turn, and a new conversation in the same repository.
+MIN_CONTINUED_REUSE = 0.95
+MIN_NEW_CONVERSATION_REUSE = 0.90
+TURN_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class AgentUnderTest:
+    """One agent's end-to-end module: its driver (`Driver(binary, project, proxy_url, model,
+    max_output_tokens)`) and the output cap its stack serves."""
+
+    driver: Callable[..., Any]
+    answer_tokens: int
+
+    def stack_fixture(self) -> Callable[..., Iterator[Stack]]:
+        """A module-scoped `stack` fixture: the stack the module's tests share, its door ready for scripted tool calls."""
+        @pytest.fixture(scope="module")
+        def stack(tmp_path_factory) -> Iterator[Stack]:
+            root = tmp_path_factory.mktemp("stack")
+            with agent_stack.running_stack(root, require_model(), SERVED_MODEL, self.answer_tokens, CHAT_PATH, script=[]) as shared:
+                yield shared
+
+        return stack
+
+    def in_stack(self, stack: Stack, binary: Path) -> Any:
+        """The agent's driver in a fresh scratch git repository (always `<stack folder>/agent/project`),
+        the stack's records from here on, nothing scripted."""
+        stack.script([])
+        stack.new_window()
+        root = stack.captures_dir.parent / "agent"
+        shutil.rmtree(root, ignore_errors=True)
+        return self.driver(binary, ScratchProject.create(root), stack.proxy.url, SERVED_MODEL, self.answer_tokens)
+
+
+def run(driver: Any, prompt: str, **options) -> None:
+    """One turn of the agent (`driver.run_turn`), which must succeed."""
+    assert_ran(driver.run_turn(prompt, timeout=TURN_TIMEOUT_S, **options), f"{driver.__class__.__name__} {prompt!r}")
 
 
 @dataclass
@@ -62,10 +118,11 @@ def lane_turns(turns: list[Turn], lane: str) -> list[Turn]:
 
 def print_turns(title: str, turns: list[Turn], stats: dict, wall_s: float) -> None:
     print(f"\n{title}: {len(turns)} requests in {wall_s:.1f}s")
-    print(f"{'#':>3}  {'lane':<24} {'prompt tok':>10} {'reused':>8} {'share':>7}  diagnosis")
+    print(f"{'#':>3}  {'lane':<24} {'prompt tok':>10} {'reused':>8} {'share':>7} {'TTFT s':>7}  diagnosis")
     for turn in turns:
         line = turn.diagnosis["line"].split(" · ", 1)[-1]
-        print(f"{turn.number:>3}  {turn.lane[:24]:<24} {turn.prompt_tokens:>10,} {turn.reused_tokens:>8,} {turn.reuse:>7.1%}  {line[:150]}")
+        ttft = f"{turn.arrived['ttft_s']:.2f}" if turn.arrived.get("ttft_s") is not None else "-"
+        print(f"{turn.number:>3}  {turn.lane[:24]:<24} {turn.prompt_tokens:>10,} {turn.reused_tokens:>8,} {turn.reuse:>7.1%} {ttft:>7}  {line[:150]}")
     print("engine cache: " + ", ".join(f"{key}={stats[key]}" for key in ("hits", "misses", "tokens_reused", "tokens_prefilled", "entries")))
 
 
@@ -95,12 +152,32 @@ def assert_ran(result: subprocess.CompletedProcess[str], what: str) -> None:
     assert result.returncode == 0, f"{what} failed:\n{result.stdout}\n{result.stderr}"
 
 
-def finished_turns(stack: Stack, title: str, started: float, capsys, served_model: str, timeout: float) -> list[Turn]:
+def finished_turns(stack: Stack, title: str, started: float, capsys) -> list[Turn]:
     """Once every request is recorded at both ends (each record is written as its stream ends, maybe
     after the agent exited): the turns, printed as the run's evidence (when the test passes too)."""
-    stack.wait_until_quiet(timeout=timeout)
+    stack.wait_until_quiet(timeout=TURN_TIMEOUT_S)
     turns = collect_turns(stack)
     with capsys.disabled():
         print_turns(title, turns, stack.cache_stats(), time.monotonic() - started)
-    assert_captured_at_both_ends(turns, served_model)
+    assert_captured_at_both_ends(turns, SERVED_MODEL)
     return turns
+
+
+def warm_and_shipped_answers(stack: Stack, tmp_path: Path, body: dict) -> tuple[str, str]:
+    """The greedy answer to `body` from the stack's engine (its cache warm from the run) and from
+    vllm-mlx as shipped: the rules and the cache must not change it."""
+    with agent_stack.shipped_engine(tmp_path / "shipped", require_model(), SERVED_MODEL) as shipped:
+        return greedy_answer(stack.engine.url, body), greedy_answer(shipped.url, body)
+
+
+def assert_each_instance_reuses_its_own_prefix(instances: dict[str, list[Turn]]) -> None:
+    """Two subagent instances of one type, each on its own lane: every later request of an instance
+    keeps its prefix and reuses at least the continued-turn share of the instance's first prompt."""
+    assert len(instances) == 2, f"expected two subagent instances, saw {sorted(instances)}"
+    assert len({turn.lane.split("@")[0] for requests in instances.values() for turn in requests}) == 1, "both are of one type"
+    for requests in instances.values():
+        assert len({turn.lane for turn in requests}) == 1 and "@" in requests[0].lane, "each instance has a lane of its own"
+        first, *later = requests
+        assert later, "its scripted step gives each instance a second request"
+        for turn in later:
+            assert turn.diagnosis["prefix_kept"] and turn.reused_tokens >= MIN_CONTINUED_REUSE * first.prompt_tokens, turn.diagnosis["line"]

@@ -15,6 +15,9 @@ replaced:
 
     [{"tool": "Agent", "inputs": [{"subagent_type": "Explore", "description": "...", "prompt": "..."}, ...]}]
 
+A new script written to the file replaces what is left of the old one (a stack
+shared by several tests, `Stack.script`).
+
 A step answers the first request that offers a tool named `tool` and whose
 last message is a fresh user prompt, not a tool result (system messages aside:
 Claude Code sends its environment after the prompt), holding `prompt_contains`
@@ -157,15 +160,26 @@ class ScriptedToolUse:
     def __init__(self) -> None:
         self.steps: list[dict] = []
         self.answered = 0
+        self.script_version: tuple[int, int] | None = None  # (mtime_ns, size) of the file the steps came from
 
     def load(self, loader) -> None:
         loader.add_option("scripted_tool_uses", str, "", "JSON file: a list of {tool, inputs} steps, each used once")
 
     def configure(self, updated) -> None:
-        if "scripted_tool_uses" in updated and ctx.options.scripted_tool_uses:
-            self.steps = json.loads(Path(ctx.options.scripted_tool_uses).read_text())
+        if "scripted_tool_uses" in updated:
+            self.read_script()
+
+    def read_script(self) -> None:
+        """The steps of the script file, when it was written since they were read."""
+        if not ctx.options.scripted_tool_uses:
+            return
+        script = Path(ctx.options.scripted_tool_uses)
+        status = script.stat()
+        if (status.st_mtime_ns, status.st_size) != self.script_version:
+            self.steps, self.script_version = json.loads(script.read_text()), (status.st_mtime_ns, status.st_size)
 
     def request(self, flow: http.HTTPFlow) -> None:
+        self.read_script()
         path = flow.request.path.split("?")[0]
         if not self.steps or flow.request.method != "POST" or path not in PROTOCOLS:
             return

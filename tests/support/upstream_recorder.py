@@ -15,6 +15,9 @@ first event with output, `sse_events.carries_output`: vllm-mlx sends
 `message_start` before it prefills, so the first byte says nothing about
 prefill), the conversation the request names (`lanes.session_of`) and the
 response body as text (what the engine answered, to compare answers).
+An exchange that ends in an error (the client went away mid-stream: opencode
+leaves its title request when its turn is done) is recorded too, with
+`error`, so the door and the proxy's captures always count the same requests.
 Responses stream through untouched.
 """
 
@@ -52,6 +55,15 @@ class UpstreamRecorder:
         flow.response.stream = keep_a_copy
 
     def response(self, flow: http.HTTPFlow) -> None:
+        self.record(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.record(flow)
+
+    def record(self, flow: http.HTTPFlow) -> None:
+        if flow.metadata.get("recorder_written"):
+            return  # an error after the response: the exchange is on record already
+        flow.metadata["recorder_written"] = True
         body = b"".join(flow.metadata.get("recorder_chunks", []))
         events = flow.metadata.get("recorder_events")
         try:
@@ -59,7 +71,7 @@ class UpstreamRecorder:
         except ValueError:
             request_body = {"unparsed_bytes": len(flow.request.content or b"")}
         usage: dict = {}
-        if flow.response.headers.get("content-type", "").startswith("text/event-stream") and events is not None:
+        if flow.response is not None and flow.response.headers.get("content-type", "").startswith("text/event-stream") and events is not None:
             usage = events.usage
         else:
             try:
@@ -73,7 +85,8 @@ class UpstreamRecorder:
             "path": flow.request.path,
             "request_bytes": len(flow.request.content or b""),
             "request": request_body,
-            "status": flow.response.status_code,
+            "status": flow.response.status_code if flow.response is not None else None,
+            "error": flow.error.msg if flow.error is not None else None,
             "usage": usage,
             "session": session_of(flow.request.headers),
             "response_body": body.decode("utf-8", "replace"),
