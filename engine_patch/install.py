@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from . import detokenizer_map
+from .admission import AdmissionMiddleware
+from .admitted_generation import AdmittedGeneration
 from .cached_generation import CachedGeneration
 from .disk_tier import DiskTier
 from .prefix_cache import PrefixCache
@@ -66,10 +68,12 @@ class Installed:
     cache: TieredCache
     generation: CachedGeneration
     patched: list[str]
+    admission: AdmittedGeneration | None = None
 
     def stats(self) -> dict[str, Any]:
         return {
             **self.cache.stats(),
+            **(self.admission.stats() if self.admission else {}),
             "vllm_mlx_version": self.vllm_mlx_version,
             "disabled_reasons": self.generation.unsupported_reasons(),
             "bypassed": dict(self.generation.bypassed),
@@ -119,15 +123,17 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     if disk_tier is not None:
         patched += _identify_loaded_models(disk_tier)
         atexit.register(disk_tier.close, SHUTDOWN_WRITE_SECONDS)
-    mlx_lm.stream_generate = generation
+    # Outermost: prompts beyond the context and abandoned prefills stop before the cache (admission.py).
+    admitted = AdmittedGeneration(generation)
+    mlx_lm.stream_generate = admitted
     # mlx_lm.generate() (vllm-mlx's non-streamed path) calls its module's global.
-    sys.modules["mlx_lm.generate"].stream_generate = generation
+    sys.modules["mlx_lm.generate"].stream_generate = admitted
 
     patched += _defer_builtin_prefix_cache(generation)
     patched += _carry_prompt_head()
     patched += detokenizer_map.install()
     patched += _carry_request_context_to_worker()
-    installed = Installed(vllm_mlx.__version__, cache, generation, patched)
+    installed = Installed(vllm_mlx.__version__, cache, generation, patched, admitted)
     patched += _add_http_endpoints(installed)
 
     limit = f", at most {max_entries} entries" if max_entries else ""
@@ -258,7 +264,8 @@ def _add_http_endpoints(installed: Installed) -> list[str]:
     app.add_api_route("/v1/cache/stats", cache_stats, methods=["GET"], dependencies=dependencies)
     app.add_api_route("/v1/cache", clear_cache, methods=["DELETE"], dependencies=dependencies)
     app.add_middleware(ReuseUsageMiddleware)
-    return ["GET /v1/cache/stats", "DELETE /v1/cache", "usage fields"]
+    app.add_middleware(AdmissionMiddleware)
+    return ["GET /v1/cache/stats", "DELETE /v1/cache", "usage fields", "context check and abandoned prefills"]
 
 
 def _remove_route(app, path: str, method: str, route_type):

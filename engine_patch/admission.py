@@ -1,0 +1,206 @@
+"""A generation request's admission: refused in its protocol's own error, or stopped when its client has gone.
+
+Two findings of a day's use, answered across the HTTP layer and the engine:
+- A prompt longer than the model's context is refused before any of it is
+  prefilled (`context_window.check_prompt_fits`), with the error each
+  protocol's clients know: HTTP 400, Anthropic `invalid_request_error`
+  "prompt is too long: N tokens > M maximum", OpenAI
+  `context_length_exceeded`. Streamed requests too: vllm-mlx starts a stream
+  (status 200, `message_start`) before the engine has seen the prompt, so this
+  middleware holds the start of an event stream until the engine has admitted
+  or refused its prompt (at most HOLD_SECONDS: a request queued behind a long
+  one gets its stream then, and a later refusal as the stream's error event).
+- A client that disconnects during the prefill stops it at the next chunk
+  (vllm-mlx stops decoding on a disconnect, but not a prefill). The middleware
+  gives the request a way to ask whether its connection is gone; the engine
+  seam asks between chunks.
+
+The engine side calls `admit_prompt(token_count, context)` where it knows a
+prompt's tokens and `stop_if_client_gone()` between prefill chunks; each
+engine seam (SimpleEngine's in `admitted_generation.py`) does so in the
+request's context (a context variable, carried to the worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .context_window import PromptTooLong, check_prompt_fits
+
+logger = logging.getLogger("engine_patch")
+
+ANTHROPIC_PATHS = frozenset({"/v1/messages"})
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+# How long an event stream's start waits for the engine's verdict on its prompt:
+# long enough to tokenize a multi-megabyte paste, short enough that a request
+# queued behind another one is not left without response headers.
+HOLD_SECONDS = 10.0
+
+
+class ClientGone(Exception):
+    """The request's client disconnected; its prefill was stopped between chunks."""
+
+
+@dataclass
+class RequestAdmission:
+    """What the engine decided about one request's prompt, and whether its client is still there."""
+
+    client_gone: Callable[[], bool] = lambda: False
+    refusal: PromptTooLong | None = None
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def _decide(self) -> None:
+        if self.loop is None:
+            self.decided.set()
+        else:  # called from the engine's worker thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                self.loop.call_soon_threadsafe(self.decided.set)
+
+
+_current: contextvars.ContextVar[RequestAdmission | None] = contextvars.ContextVar("request_admission", default=None)
+
+
+def current_admission() -> RequestAdmission | None:
+    return _current.get()
+
+
+def admit_prompt(prompt_tokens: int, context_tokens: int | None) -> None:
+    """Admit a prompt, or refuse it (PromptTooLong, also told to the HTTP layer); any engine's seam calls this."""
+    admission = current_admission()
+    try:
+        check_prompt_fits(prompt_tokens, context_tokens)
+    except PromptTooLong as refusal:
+        logger.warning("engine_patch: refused a request before its prefill: %s", refusal)
+        if admission is not None:
+            admission.refusal = refusal
+            admission._decide()
+        raise
+    if admission is not None:
+        admission._decide()
+
+
+def stop_if_client_gone() -> None:
+    """Raise ClientGone when the current request's client has disconnected (call between prefill chunks)."""
+    admission = current_admission()
+    if admission is not None and admission.client_gone():
+        raise ClientGone("the client disconnected")
+
+
+def uvicorn_disconnected(receive) -> Callable[[], bool]:
+    """uvicorn sets `disconnected` on the request cycle when the connection closes, whether or not
+    anyone reads `receive`; vllm-mlx's own disconnect check reads the same flag."""
+    cycle = getattr(receive, "__self__", None)
+    if not isinstance(getattr(cycle, "disconnected", None), bool):
+        return lambda: False
+    return lambda: cycle.disconnected
+
+
+def error_response(path: str, refusal: PromptTooLong) -> tuple[int, dict]:
+    """The status and body each protocol answers a prompt longer than the context with."""
+    if path in ANTHROPIC_PATHS:
+        return 400, {"type": "error", "error": {"type": "invalid_request_error", "message": str(refusal)}}
+    message = (f"This model's maximum context length is {refusal.context_tokens} tokens. However, your messages "
+               f"resulted in {refusal.prompt_tokens} tokens. Please reduce the length of the messages.")
+    return 400, {"error": {"message": message, "type": "invalid_request_error", "param": "messages",
+                           "code": "context_length_exceeded"}}
+
+
+class AdmissionMiddleware:
+    """ASGI middleware: one `RequestAdmission` per generation request; a refusal becomes the protocol's error."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope.get("method") != "POST" or path not in ANTHROPIC_PATHS | OPENAI_PATHS:
+            await self.app(scope, receive, send)
+            return
+        admission = RequestAdmission(client_gone=uvicorn_disconnected(receive), loop=asyncio.get_running_loop())
+        token = _current.set(admission)
+        response = _HeldUntilAdmitted(send, path, admission)
+        try:
+            await self.app(scope, receive, response.send)
+        except PromptTooLong as refusal:  # the non-streamed path: the engine's exception reaches here
+            if response.started:
+                raise
+            await response.send_error(refusal)
+        finally:
+            _current.reset(token)
+            response.close()
+
+
+class _HeldUntilAdmitted:
+    """Passes a response through, except an event stream's start, held until the engine decides on the prompt."""
+
+    def __init__(self, send, path: str, admission: RequestAdmission):
+        self._send = send
+        self.path = path
+        self.admission = admission
+        self.held: list[dict] | None = None
+        self.started = False
+        self.replaced = False  # by our error: what the app still sends is dropped
+        self._lock = asyncio.Lock()
+        self._release: asyncio.Task | None = None
+
+    async def send(self, message):
+        async with self._lock:
+            if self.replaced:
+                return
+            if message["type"] == "http.response.start" and _is_event_stream(message) and not self.admission.decided.is_set():
+                self.held = [message]
+                self._release = asyncio.create_task(self._release_when_decided())
+                return
+            if self.held is not None:
+                self.held.append(message)
+                if message["type"] == "http.response.body" and not message.get("more_body", False):
+                    await self._flush_or_refuse()  # the whole response came before the hold ended
+                return
+            if message["type"] == "http.response.start":
+                if self.admission.refusal is not None and message.get("status", 200) >= 400:
+                    # vllm-mlx's own answer to the engine's exception (e.g. {"detail": ...}): ours instead
+                    self.held = [message]
+                    return
+                self.started = True
+            await self._send(message)
+
+    async def send_error(self, refusal: PromptTooLong) -> None:
+        status, body = error_response(self.path, refusal)
+        encoded = json.dumps(body).encode()
+        self.held = None
+        self.started = self.replaced = True
+        await self._send({"type": "http.response.start", "status": status,
+                          "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(encoded)).encode())]})
+        await self._send({"type": "http.response.body", "body": encoded, "more_body": False})
+
+    async def _release_when_decided(self) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.admission.decided.wait(), HOLD_SECONDS)
+        async with self._lock:
+            if self.held is not None:
+                await self._flush_or_refuse()
+
+    async def _flush_or_refuse(self) -> None:
+        if self.admission.refusal is not None:
+            await self.send_error(self.admission.refusal)
+            return
+        held, self.held = self.held, None
+        self.started = True
+        for message in held:
+            await self._send(message)
+
+    def close(self) -> None:
+        if self._release is not None and not self._release.done():
+            self._release.cancel()
+
+
+def _is_event_stream(message: dict) -> bool:
+    return any(name.lower() == b"content-type" and value.lower().startswith(b"text/event-stream")
+               for name, value in message.get("headers", []))

@@ -1,0 +1,96 @@
+"""Through a real patched server with the tiny test model (context 32,768 tokens): a prompt beyond the
+context is refused at once in its protocol's own error, streamed or not, before any of it is prefilled;
+a client that gives up during a long prefill stops it at the next chunk, and the next request is served."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from tests.support.engines import engine
+from tests.support.llm_client import cache_stats, send
+
+pytestmark = pytest.mark.server
+
+CONTEXT = 32768
+
+
+def words(count: int, salt: str) -> str:
+    return " ".join(f"{salt}{index}" for index in range(count))
+
+
+# 5,000 such words are ~24K tokens: a prefill of several seconds here, inside the context.
+LONG_PROMPT_WORDS = 5000
+BEYOND_CONTEXT = words(9000, "w")  # ~43K tokens
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with engine(tmp_path_factory.mktemp("admission"), "admission", "--no-disk-cache") as running_server:
+        yield running_server
+
+
+def request_body(path: str, content: str, stream: bool, max_tokens: int = 5) -> dict:
+    return {"model": "tiny", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": content}]}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_an_anthropic_prompt_beyond_the_context_is_refused_with_invalid_request_error(server, stream):
+    before = cache_stats(server.url)
+    response = requests.post(server.url + "/v1/messages", json=request_body("/v1/messages", BEYOND_CONTEXT, stream), timeout=120)
+    assert response.status_code == 400 and response.headers["content-type"].startswith("application/json")
+    error = response.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["message"].startswith("prompt is too long: ")
+    assert error["error"]["message"].endswith(f" tokens > {CONTEXT} maximum")
+    after = cache_stats(server.url)
+    assert after["prompts_refused"] == before["prompts_refused"] + 1
+    assert after["tokens_prefilled"] == before["tokens_prefilled"] and after["misses"] == before["misses"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_an_openai_prompt_beyond_the_context_is_refused_with_context_length_exceeded(server, stream):
+    response = requests.post(server.url + "/v1/chat/completions", json=request_body("/v1/chat/completions", BEYOND_CONTEXT, stream),
+                             timeout=120)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert f"maximum context length is {CONTEXT} tokens" in response.json()["error"]["message"]
+
+
+def test_a_prompt_inside_the_context_still_streams_as_before(server):
+    answer = send(server.url, "/v1/messages", request_body("/v1/messages", "Say hello.", stream=True))
+    assert answer.events[0]["type"] == "message_start" and answer.events[-1]["type"] == "message_stop"
+    assert answer.usage["output_tokens"] > 0
+
+
+def give_up_during_the_prefill(url: str, stream: bool, salt: str) -> None:
+    with pytest.raises(requests.exceptions.RequestException):
+        # a client timeout: the connection is closed while the engine prefills
+        response = requests.post(url + "/v1/messages", json=request_body("/v1/messages", words(LONG_PROMPT_WORDS, salt), stream),
+                                 timeout=2, stream=False)
+        response.raise_for_status()
+        raise AssertionError(f"answered before the client gave up: {response.status_code}")
+
+
+def wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_client_that_gives_up_during_the_prefill_stops_it_and_the_next_request_is_served(server, stream):
+    before = cache_stats(server.url)
+    give_up_during_the_prefill(server.url, stream, salt="s" if stream else "n")
+    wait_for(lambda: cache_stats(server.url)["prefills_stopped"] == before["prefills_stopped"] + 1)
+    after = cache_stats(server.url)
+    # stopped between chunks: most of the prompt was never prefilled, and nothing of it was stored
+    assert after["prefill_tokens_skipped"] - before["prefill_tokens_skipped"] > 2048
+    assert after["stores"] == before["stores"]
+    answer = send(server.url, "/v1/messages", request_body("/v1/messages", "Say hello.", stream=False))
+    assert answer.usage["output_tokens"] > 0
+    assert "client gone during the prefill of a" in server.log_text()
