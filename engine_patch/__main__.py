@@ -14,6 +14,12 @@ from pathlib import Path
 import psutil
 
 from .disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
+from .install import ENGINES
+
+# The engine mode `serve` runs unless told otherwise (see docs/engine.md for the measured choice).
+DEFAULT_ENGINE = "simple"
+# vllm-mlx's own flag for its batched engine; `--engine batched` passes it on.
+BATCHED_FLAG = "--continuous-batching"
 
 # Share of physical memory all snapshots together may hold by default: the
 # model itself and the live request's cache need the rest.
@@ -21,7 +27,7 @@ DEFAULT_BUDGET_FRACTION = 0.25
 
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
          "g": 10**9, "gb": 10**9, "gib": 2**30}
-USAGE = ("usage: python -m stable_prefix.engine_patch serve MODEL [--prefix-cache-bytes SIZE] [--prefix-cache-entries N] "
+USAGE = ("usage: python -m stable_prefix.engine_patch serve MODEL [--engine simple|batched] [--prefix-cache-bytes SIZE] [--prefix-cache-entries N] "
          "[--no-prefix-cache] [--prefix-cache-dir DIR] [--prefix-cache-disk-bytes SIZE] [--no-disk-cache] [vllm-mlx serve flags]\n"
          "       python -m stable_prefix.engine_patch warm FILE_OR_DIR... --url URL [--model NAME]")
 
@@ -49,6 +55,8 @@ def env_flag(name: str) -> bool:
 
 def our_flags() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m stable_prefix.engine_patch serve", add_help=False, allow_abbrev=False)
+    parser.add_argument("--engine", choices=ENGINES, default=os.environ.get("ENGINE_PATCH_ENGINE") or None,
+                        help=f"simple: one request at a time; batched: vllm-mlx's continuous batching (default: {DEFAULT_ENGINE})")
     parser.add_argument("--prefix-cache-bytes", type=size_of("--prefix-cache-bytes"), default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_BYTES"),
                         help="budget for all KV snapshots together (default: 25%% of RAM)")
     parser.add_argument("--prefix-cache-entries", type=positive_int, default=os.environ.get("ENGINE_PATCH_PREFIX_CACHE_ENTRIES"),
@@ -65,6 +73,17 @@ def our_flags() -> argparse.ArgumentParser:
     return parser
 
 
+def engine_mode(chosen: str | None, vllm_args: list[str]) -> str:
+    """The engine `serve` runs: the one chosen, else batched if vllm-mlx's own flag asks for it, else the default."""
+    if chosen is not None and chosen not in ENGINES:  # only the environment can say so: argparse checks the flag
+        raise SystemExit(f"ENGINE_PATCH_ENGINE={chosen!r}: choose {' or '.join(ENGINES)}")
+    if chosen == "simple" and BATCHED_FLAG in vllm_args:
+        raise SystemExit(f"--engine simple contradicts {BATCHED_FLAG}: leave one out")
+    if chosen:
+        return chosen
+    return "batched" if BATCHED_FLAG in vllm_args else DEFAULT_ENGINE
+
+
 def serve(argv: list[str]) -> None:
     options, vllm_args = our_flags().parse_known_args(argv)
     if isinstance(options.prefix_cache_bytes, str):  # from the environment
@@ -74,6 +93,9 @@ def serve(argv: list[str]) -> None:
     if isinstance(options.prefix_cache_disk_bytes, str):
         options.prefix_cache_disk_bytes = parse_size(options.prefix_cache_disk_bytes, "ENGINE_PATCH_PREFIX_CACHE_DISK_BYTES")
     budget = options.prefix_cache_bytes or int(psutil.virtual_memory().total * DEFAULT_BUDGET_FRACTION)
+    engine = engine_mode(options.engine, vllm_args)
+    if engine == "batched" and BATCHED_FLAG not in vllm_args:
+        vllm_args = [*vllm_args, BATCHED_FLAG]
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Queue concurrent requests instead of answering 503: Claude Code sends a
@@ -87,7 +109,7 @@ def serve(argv: list[str]) -> None:
         disk = None
         if not options.no_disk_cache:
             disk = DiskOptions(Path(options.prefix_cache_dir).expanduser(), options.prefix_cache_disk_bytes or DEFAULT_BUDGET_BYTES)
-        install(budget_bytes=budget, max_entries=options.prefix_cache_entries, disk=disk)
+        install(budget_bytes=budget, max_entries=options.prefix_cache_entries, disk=disk, engine=engine)
 
     from vllm_mlx.cli import main as vllm_mlx_main
 

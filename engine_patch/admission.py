@@ -16,9 +16,10 @@ Two findings of a day's use, answered across the HTTP layer and the engine:
   seam asks between chunks.
 
 The engine side calls `admit_prompt(token_count, context)` where it knows a
-prompt's tokens and `stop_if_client_gone()` between prefill chunks; each
-engine seam (SimpleEngine's in `admitted_generation.py`) does so in the
-request's context (a context variable, carried to the worker thread).
+prompt's tokens and `stop_if_client_gone(processed, total)` between prefill
+chunks, in the request's context (a context variable, carried to the engine's
+thread): SimpleEngine's seam is `admitted_generation.py`, the batched
+scheduler's `batched_admission.py`.
 """
 
 from __future__ import annotations
@@ -67,6 +68,23 @@ class RequestAdmission:
 _current: contextvars.ContextVar[RequestAdmission | None] = contextvars.ContextVar("request_admission", default=None)
 
 
+@dataclass
+class AdmissionCounters:
+    """What the engine seams refused and stopped, for `/v1/cache/stats` (one server, one set)."""
+
+    prompts_refused: int = 0
+    prefills_stopped: int = 0
+    prefill_tokens_skipped: int = 0  # prompt tokens a stopped prefill never computed
+    context_tokens: int | None = None  # the model's context, as the last check saw it
+
+
+COUNTERS = AdmissionCounters()
+
+
+def stats() -> dict[str, int | None]:
+    return dict(vars(COUNTERS))
+
+
 def current_admission() -> RequestAdmission | None:
     return _current.get()
 
@@ -74,9 +92,11 @@ def current_admission() -> RequestAdmission | None:
 def admit_prompt(prompt_tokens: int, context_tokens: int | None) -> None:
     """Admit a prompt, or refuse it (PromptTooLong, also told to the HTTP layer); any engine's seam calls this."""
     admission = current_admission()
+    COUNTERS.context_tokens = context_tokens
     try:
         check_prompt_fits(prompt_tokens, context_tokens)
     except PromptTooLong as refusal:
+        COUNTERS.prompts_refused += 1
         logger.warning("engine_patch: refused a request before its prefill: %s", refusal)
         if admission is not None:
             admission.refusal = refusal
@@ -86,11 +106,14 @@ def admit_prompt(prompt_tokens: int, context_tokens: int | None) -> None:
         admission._decide()
 
 
-def stop_if_client_gone() -> None:
-    """Raise ClientGone when the current request's client has disconnected (call between prefill chunks)."""
+def stop_if_client_gone(processed: int, total: int) -> None:
+    """Raise ClientGone when the current request's client has disconnected (call between prefill chunks,
+    with the prompt tokens computed so far and in all)."""
     admission = current_admission()
     if admission is not None and admission.client_gone():
-        raise ClientGone("the client disconnected")
+        COUNTERS.prefills_stopped += 1
+        COUNTERS.prefill_tokens_skipped += total - processed
+        raise ClientGone(f"the client disconnected after {processed} of {total} prompt tokens")
 
 
 def uvicorn_disconnected(receive) -> Callable[[], bool]:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .admission import ClientGone, admit_prompt, stop_if_client_gone
-from .cached_generation import prompt_token_ids
-from .context_window import PromptTooLong, context_length
+from .context_window import context_length
+from .request_plan import prompt_token_ids
 
 logger = logging.getLogger("engine_patch")
 
@@ -27,40 +27,24 @@ class AdmittedGeneration:
 
     def __init__(self, generate: Callable[..., Iterator[Any]]):
         self.generate = generate
-        self.refused = 0
-        self.prefills_stopped = 0
-        self.prefill_tokens_skipped = 0
         self._contexts: dict[int, int | None] = {}  # per model object
 
     def __call__(self, model, tokenizer, prompt, max_tokens: int = 256, **kwargs):
         tokens = prompt_token_ids(tokenizer, prompt)
         if id(model) not in self._contexts:
             self._contexts[id(model)] = context_length(model, tokenizer)
-        try:
-            admit_prompt(len(tokens), self._contexts[id(model)])
-        except PromptTooLong:
-            self.refused += 1
-            raise
-        kwargs["prompt_progress_callback"] = self._stopping_callback(kwargs.get("prompt_progress_callback"))
+        admit_prompt(len(tokens), self._contexts[id(model)])
+        kwargs["prompt_progress_callback"] = _stopping(kwargs.get("prompt_progress_callback"))
         try:
             yield from self.generate(model, tokenizer, tokens, max_tokens, **kwargs)
-        except ClientGone:
-            logger.info("engine_patch: client gone during the prefill of a %d-token prompt; stopped", len(tokens))
+        except ClientGone as gone:
+            logger.info("engine_patch: prefill stopped: %s", gone)
 
-    def _stopping_callback(self, callback: Callable[[int, int], None] | None) -> Callable[[int, int], None]:
-        def progress(processed: int, total: int) -> None:
-            if callback is not None:
-                callback(processed, total)
-            try:
-                stop_if_client_gone()
-            except ClientGone:
-                self.prefills_stopped += 1
-                self.prefill_tokens_skipped += total - processed
-                raise
 
-        return progress
+def _stopping(callback: Callable[[int, int], None] | None) -> Callable[[int, int], None]:
+    def progress(processed: int, total: int) -> None:
+        if callback is not None:
+            callback(processed, total)
+        stop_if_client_gone(processed, total)
 
-    def stats(self) -> dict[str, Any]:
-        return {"prompts_refused": self.refused, "prefills_stopped": self.prefills_stopped,
-                "prefill_tokens_skipped": self.prefill_tokens_skipped,
-                "context_tokens": next(iter(self._contexts.values()), None)}
+    return progress

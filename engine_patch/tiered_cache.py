@@ -62,6 +62,10 @@ class TieredCache:
         self.ram.admit(loaded.entry)
         return ram_reuse
 
+    def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool) -> int:
+        """How many prompt tokens RAM would restore now (the disk's entries reach RAM when a request loads them)."""
+        return self.ram.restorable_prefix(prompt_tokens, positional)
+
     def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None, checkpoints: list[Checkpoint] = ()) -> None:
         stores = self.ram.counters.stores
         self.ram.store(tokens, prompt_cache, prompt_length, checkpoints)

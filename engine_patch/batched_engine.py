@@ -1,0 +1,416 @@
+"""The prefix cache inside vllm-mlx's continuous-batching engine (`--continuous-batching`).
+
+vllm-mlx 0.6.0's batched engine renders a chat request, tokenizes it in
+`Scheduler.add_request` and, at the next step, inserts it into mlx-lm's
+`BatchGenerator`, which prefills and decodes every sequence in flight
+together. The seams, each the narrowest that covers every text request:
+
+- `Scheduler.__init__`: for a model our cache serves, the shipped prefix caches
+  (memory-aware, paged, legacy, and the SSD tier under them) stay off; for any
+  other model, or a configuration whose caches ours does not build (KV
+  quantization, a KV size bound, MTP, paged or chunked prefill), they stay on,
+  so no model gets less reuse than shipped.
+- `Scheduler._schedule_waiting`: right before a request joins the batch it is
+  planned (`request_plan.py`): the longest stored prefix restored as its cache,
+  the rest left to prefill, where to checkpoint. A request whose prefix
+  another request is prefilling right now waits for it (`shared_prefill.py`).
+- the `BatchGenerator` it builds: `insert` stops each planned prefill at its
+  checkpoint positions (and at prefixes shared with waiting requests), `next`
+  snapshots there between two steps (`batch_generator_access.py`).
+- `Scheduler._process_batch_responses`: a finished sequence's state (prompt
+  and reply) is kept with its checkpoints; `_do_abort_request` and
+  `_close_batch_generator`: a sequence that leaves early keeps nothing.
+- `EngineCore.add_request`: the request's context (its reuse record for the
+  usage fields, its chat head) travels to the engine thread by request id.
+- `BatchedEngine._apply_chat_template`: the chat head (system + tools), for
+  models that checkpoint it. `_compute_prefix_boundary`, which renders and
+  tokenizes every prompt twice more for the shipped cache's sake, is skipped
+  where ours serves.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import logging
+import uuid
+import weakref
+from typing import Any
+
+from . import batch_generator_access
+from .prompt_head import head_text, set_head_text
+from .request_plan import PrefixPlanner
+from .request_reuse import RequestReuse, current_request_reuse
+from .shared_prefill import Prefill, SharedPrefills, source_for
+
+logger = logging.getLogger("engine_patch")
+
+
+class PlannedTokens(list):
+    """The prompt tokens left to prefill, carrying the request's planned prefill through
+    vllm-mlx's scheduler (which passes them on as they are) to `BatchGenerator.insert`."""
+
+    def __init__(self, tokens: list[int], prefill: Prefill, reuse: RequestReuse | None):
+        super().__init__(tokens)
+        self.prefill = prefill
+        self.reuse = reuse
+
+
+def why_not_served(planner: PrefixPlanner, model: Any, config: Any) -> str | None:
+    """Why the batched engine must keep vllm-mlx's own cache for this model and configuration, or None."""
+    if not planner.supports(model):
+        return planner.unsupported_reasons()[-1]
+    settings = {
+        "KV cache quantization": getattr(config, "kv_cache_quantization", False),
+        "--max-kv-size": (getattr(config, "max_kv_size", 0) or 0) > 0,
+        "MTP": getattr(config, "enable_mtp", False),
+        "the paged cache": getattr(config, "use_paged_cache", False),
+        "chunked prefill": (getattr(config, "chunked_prefill_tokens", 0) or 0) > 0,
+    }
+    chosen = [name for name, on in settings.items() if on]
+    return f"{', '.join(chosen)} builds caches ours does not serve" if chosen else None
+
+
+class ServedScheduler:
+    """Our cache in one `Scheduler`: its plans, its prefills in flight, its BatchGenerator's seams."""
+
+    def __init__(self, scheduler: Any, planner: PrefixPlanner, contexts: dict[str, contextvars.Context]):
+        self.scheduler = scheduler
+        self.planner = planner
+        self.contexts = contexts
+        self.prefills = SharedPrefills()
+        self.generator: Any = None
+        self.segments_supported = True
+
+    @property
+    def model(self) -> Any:
+        return self.scheduler.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.scheduler._actual_tokenizer
+
+    # --- the waiting queue ---------------------------------------------------
+
+    def plan_waiting(self) -> list[Any]:
+        """Plan the requests about to join the batch; take out (and return) those waiting for a shared prefill."""
+        scheduler = self.scheduler
+        capacity = scheduler.config.max_num_seqs - len(scheduler.running)
+        # Planned and not inserted yet: sources too (requests of a fan-out group arrive together).
+        planned = [request.remaining_tokens.prefill for request in scheduler.waiting if isinstance(request.remaining_tokens, PlannedTokens)]
+        held = []
+        for request in list(scheduler.waiting):
+            if capacity <= 0:
+                break
+            if not isinstance(request.remaining_tokens, PlannedTokens):
+                if self._waits_for_shared_prefill(request, planned):
+                    scheduler.waiting.remove(request)
+                    held.append(request)
+                    continue
+                prefill = self._plan(request)
+                if prefill is not None:
+                    planned.append(prefill)
+            capacity -= 1
+        return held
+
+    def _plan(self, request: Any) -> Prefill | None:
+        tokens = [int(token) for token in request.prompt_token_ids]
+        context = self.contexts.get(request.request_id)
+        head = functools.partial(context.run, head_text) if context else None
+        plan = self.planner.plan(self.model, self.tokenizer, tokens, head)
+        reuse = context.run(current_request_reuse) if context else None
+        if reuse is not None:
+            reuse.record(prompt_tokens=len(tokens), reused=plan.reused if plan else 0)
+        if plan is None:
+            return None  # restoring failed (counted): vllm-mlx prefills it all, uncached
+        prefill = Prefill(plan)
+        request.prompt_cache = plan.prompt_cache if plan.reused else None
+        request.cached_tokens = plan.reused
+        request.cache_hit_type = "hit" if plan.reused else "miss"
+        request.remaining_tokens = PlannedTokens(tokens[plan.reused :], prefill, reuse)
+        return prefill
+
+    def _waits_for_shared_prefill(self, request: Any, planned: list[Prefill]) -> bool:
+        if not self.segments_supported:
+            return False
+        candidates = [*self.prefills.by_uid.values(), *planned]
+        if not candidates:
+            return False
+        tokens = request.prompt_token_ids
+        positional = self.planner.is_positional(self.model)
+        if source_for(candidates, tokens, 0, positional) is None:
+            return False
+        match = source_for(candidates, tokens, self.planner.cache.restorable_prefix(tokens, positional), positional)
+        if match is None:
+            return False
+        prefill, shared = match
+        if prefill.prefilled >= shared:
+            # Rewindable (source_for said so): its state holds the prefix now.
+            self._store_prefix(prefill)
+            return False
+        inserted = prefill.uid is not None
+        if inserted and not batch_generator_access.add_stop(self.generator, prefill.uid, prefill.inserted, shared - prefill.plan.reused):
+            return False
+        if shared not in prefill.share_at:
+            prefill.share_at.add(shared)
+            logger.info("prefix cache: a request waits for the %d tokens it shares with a prefill %s", shared, "in flight" if inserted else "about to start")
+        return True
+
+    def _store_prefix(self, prefill: Prefill) -> None:
+        """Keep what `prefill`'s sequence holds of its prompt now, for requests that share it."""
+        state = batch_generator_access.state_of(self.generator, prefill.uid)
+        if state is None:
+            return
+        length = min(prefill.prefilled, len(prefill.plan.tokens))
+        self.planner.finish(prefill.plan, prefill.plan.tokens[:length], state, prompt_length=length)
+
+    # --- the BatchGenerator ----------------------------------------------------
+
+    def attach(self, generator: Any) -> None:
+        """Route `generator`'s inserts and steps through this scheduler's plans."""
+        self.generator = generator
+        self.prefills.clear()
+        reason = batch_generator_access.why_unsupported(generator)
+        self.segments_supported = reason is None
+        if reason:
+            logger.warning("engine_patch: %s; the batched engine takes no checkpoints and shares no prefill", reason)
+            return
+        generator.insert = functools.partial(self._insert, generator.insert)
+        generator.next = functools.partial(self._next, generator.next)
+
+    def _insert(self, original_insert, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
+                logits_processors=None, state_machines=None):
+        planned = [prompt if isinstance(prompt, PlannedTokens) else None for prompt in prompts]
+        try:
+            uids = batch_generator_access.insert(
+                self.generator, prompts, [p.prefill.stops() if p else [] for p in planned], max_tokens=max_tokens, caches=caches,
+                all_tokens=all_tokens, samplers=samplers, logits_processors=logits_processors, state_machines=state_machines,
+            )
+        except Exception as error:  # vllm-mlx retries the request without its cache
+            for p in filter(None, planned):
+                self.planner.fallback("insert", error, "vllm-mlx prefills this request uncached")
+                if p.reuse is not None:
+                    p.reuse.record(prompt_tokens=len(p.prefill.tokens), reused=0)
+            raise
+        for p, uid in zip(planned, uids):
+            if p is not None:
+                self.prefills.inserted(p.prefill, uid)
+        return uids
+
+    def _next(self, original_next):
+        result = original_next()
+        prompt_responses = result[0] if isinstance(result, tuple) else []
+        for response in prompt_responses:
+            prefill = self.prefills.by_uid.get(response.uid)
+            if prefill is None:
+                continue
+            prefill.prefilled = prefill.plan.reused + response.progress[0]
+            if response.end_of_segment and not response.end_of_prompt:
+                self._stopped(prefill)
+        return result
+
+    def _stopped(self, prefill: Prefill) -> None:
+        """A prefill stopped where it was asked to: checkpoint it, or keep the prefix others wait for."""
+        position = prefill.prefilled
+        checkpoint = position in prefill.plan.checkpoint_at
+        shared = position in prefill.share_at
+        if not (checkpoint or shared):
+            return
+        state = batch_generator_access.state_of(self.generator, prefill.uid)
+        if state is None:
+            return
+        if checkpoint:
+            try:
+                self.planner.checkpoint(prefill.plan, state, position)
+            except Exception as error:  # the batch's own state was only read: the request goes on as it is
+                self.planner.fallback("checkpoint", error, f"no checkpoint at {position}")
+        if shared:
+            self.planner.finish(prefill.plan, prefill.plan.tokens[:position], state, prompt_length=position)
+
+    # --- the end of a sequence ---------------------------------------------------
+
+    def finished(self, responses: list[Any]) -> None:
+        """Keep the state of each planned sequence that finished in this step (call before cleanup)."""
+        scheduler = self.scheduler
+        for response in responses:
+            if response.finish_reason is None:
+                continue
+            prefill = self.prefills.pop(response.uid)
+            request_id = scheduler.uid_to_request_id.get(response.uid)
+            self.contexts.pop(request_id, None)
+            request = scheduler.running.get(request_id)
+            prompt_cache = response.prompt_cache() if callable(response.prompt_cache) else response.prompt_cache
+            if prefill is None or request is None or not prompt_cache:
+                continue
+            # Every token reported was fed to the model: the cache holds the prompt and all of them.
+            tokens = prefill.plan.tokens + [int(token) for token in request.output_token_ids]
+            self.planner.finish(prefill.plan, tokens, prompt_cache)
+
+    def left(self, request_id: str, uid: int | None) -> None:
+        if uid is not None:
+            self.prefills.pop(uid)
+        self.contexts.pop(request_id, None)
+
+
+class BatchedEngineSeams:
+    """Installs the seams above on vllm-mlx's scheduler, engine core and batched engine."""
+
+    def __init__(self, planner: PrefixPlanner):
+        self.planner = planner
+        # request id -> the context the request was submitted in (event loop side)
+        self.contexts: dict[str, contextvars.Context] = {}
+        self.served: weakref.WeakKeyDictionary[Any, ServedScheduler] = weakref.WeakKeyDictionary()
+
+    def install(self) -> list[str]:
+        from vllm_mlx import engine_core, scheduler
+
+        Scheduler = scheduler.Scheduler
+        for name in ("_schedule_waiting", "_create_batch_generator", "_process_batch_responses", "_do_abort_request", "_close_batch_generator",
+                     "_recover_from_generation_error"):
+            if not hasattr(Scheduler, name):
+                logger.warning("engine_patch: vllm-mlx's Scheduler has no %s; the batched engine runs as shipped", name)
+                return []
+        self._wrap_scheduler(Scheduler)
+        self._carry_request_context(engine_core.EngineCore)
+        patched = ["batched Scheduler (plans, checkpoints, shared prefills, stores)", "EngineCore request context"]
+        patched += self._carry_chat_head()
+        return patched
+
+    def _wrap_scheduler(self, Scheduler: type) -> None:
+        seams = self
+        init, schedule = Scheduler.__init__, Scheduler._schedule_waiting
+        create, process = Scheduler._create_batch_generator, Scheduler._process_batch_responses
+        abort, close = Scheduler._do_abort_request, Scheduler._close_batch_generator
+        recover = Scheduler._recover_from_generation_error
+
+        @functools.wraps(init)
+        def __init__(scheduler, model, tokenizer, config=None):
+            from vllm_mlx.scheduler import SchedulerConfig
+
+            config = config or SchedulerConfig()
+            reason = why_not_served(seams.planner, model, config)
+            if reason is None:
+                config = dataclasses.replace(config, enable_prefix_cache=False, ssd_cache_dir=None)
+            init(scheduler, model, tokenizer, config)
+            if reason is not None:
+                logger.warning("engine_patch: the batched engine keeps vllm-mlx's own prefix cache: %s", reason)
+                return
+            seams.served[scheduler] = ServedScheduler(scheduler, seams.planner, seams.contexts)
+            logger.info("engine_patch: the batched engine's prefix cache is ours (vllm-mlx's own is off)")
+
+        @functools.wraps(schedule)
+        def _schedule_waiting(scheduler):
+            served = seams.served.get(scheduler)
+            if served is None:
+                return schedule(scheduler)
+            held = served.plan_waiting()
+            try:
+                return schedule(scheduler)
+            finally:
+                scheduler.waiting.extendleft(reversed(held))
+
+        @functools.wraps(create)
+        def _create_batch_generator(scheduler, sampling_params):
+            generator = create(scheduler, sampling_params)
+            served = seams.served.get(scheduler)
+            if served is not None:
+                served.attach(generator)
+            return generator
+
+        @functools.wraps(process)
+        def _process_batch_responses(scheduler, responses):
+            outputs, finished_ids = process(scheduler, responses)
+            served = seams.served.get(scheduler)
+            if served is not None:
+                served.finished(responses)
+            return outputs, finished_ids
+
+        @functools.wraps(abort)
+        def _do_abort_request(scheduler, request_id):
+            uid = scheduler.request_id_to_uid.get(request_id)
+            result = abort(scheduler, request_id)
+            served = seams.served.get(scheduler)
+            if served is not None:
+                served.left(request_id, uid)
+            return result
+
+        @functools.wraps(close)
+        def _close_batch_generator(scheduler):
+            close(scheduler)
+            served = seams.served.get(scheduler)
+            if served is not None:
+                served.prefills.clear()
+
+        @functools.wraps(recover)
+        def _recover_from_generation_error(scheduler):
+            aborted = recover(scheduler)
+            for request_id in aborted:  # dropped without an abort
+                seams.contexts.pop(request_id, None)
+            return aborted
+
+        Scheduler.__init__ = __init__
+        Scheduler._schedule_waiting = _schedule_waiting
+        Scheduler._create_batch_generator = _create_batch_generator
+        Scheduler._process_batch_responses = _process_batch_responses
+        Scheduler._do_abort_request = _do_abort_request
+        Scheduler._close_batch_generator = _close_batch_generator
+        Scheduler._recover_from_generation_error = _recover_from_generation_error
+
+    def _carry_request_context(self, EngineCore: type) -> None:
+        add_request = EngineCore.add_request
+        contexts = self.contexts
+
+        @functools.wraps(add_request)
+        async def add_request_in_context(engine, prompt, sampling_params=None, request_id=None, **kwargs):
+            request_id = request_id or str(uuid.uuid4())
+            contexts[request_id] = contextvars.copy_context()
+            try:
+                return await add_request(engine, prompt, sampling_params, request_id, **kwargs)
+            except BaseException:
+                contexts.pop(request_id, None)
+                raise
+
+        EngineCore.add_request = add_request_in_context
+
+    def _carry_chat_head(self) -> list[str]:
+        try:
+            from vllm_mlx.engine.batched import BatchedEngine
+            from vllm_mlx.engine.chat_template_safety import build_system_prompt_cache_prefix
+        except ImportError:
+            return []
+        render = getattr(BatchedEngine, "_apply_chat_template", None)
+        boundary = getattr(BatchedEngine, "_compute_prefix_boundary", None)
+        if render is None or boundary is None:
+            return []
+        seams = self
+
+        @functools.wraps(render)
+        def render_and_note_head(engine, messages, tools=None, num_images=0, num_audios=0, chat_template_kwargs=None, enable_thinking=None):
+            prompt = render(engine, messages, tools, num_images, num_audios, chat_template_kwargs, enable_thinking)
+            template = EngineTemplate(lambda probe: render(engine, probe, tools, 0, 0, chat_template_kwargs, enable_thinking))
+            set_head_text(lambda: build_system_prompt_cache_prefix(template, messages, template_kwargs={}))
+            return prompt
+
+        @functools.wraps(boundary)
+        def prefix_boundary_unless_ours(engine, *args, **kwargs):
+            return 0 if seams._serves(engine) else boundary(engine, *args, **kwargs)
+
+        BatchedEngine._apply_chat_template = render_and_note_head
+        BatchedEngine._compute_prefix_boundary = prefix_boundary_unless_ours
+        return ["BatchedEngine chat head"]
+
+    def _serves(self, engine: Any) -> bool:
+        scheduler = getattr(getattr(getattr(engine, "_engine", None), "engine", None), "scheduler", None)
+        return scheduler is not None and scheduler in self.served
+
+
+class EngineTemplate:
+    """Renders probe messages the way the batched engine renders its prompts (its tools, kwargs, thinking),
+    so vllm-mlx's own system-prefix probe finds the head of the prompt this engine really built."""
+
+    def __init__(self, render):
+        self.render = render
+
+    def apply_chat_template(self, messages, **_):
+        return self.render(messages)
