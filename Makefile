@@ -108,6 +108,13 @@ bench: setup tiny-model
 	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(if $(FULL),--full) $(BENCH_ARGS)
 	$(if $(FULL),,$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick))
 
+# A day of use (bench/soak.py): 1,000 requests through `stable-prefix up` with the
+# engine SIGKILLed every 300, then 16 concurrent clients for 5 minutes, some giving up
+# on purpose; prints its figures, writes bench/results/soak/ and docs/reliability.md.
+# SOAK_ARGS="--small": the `make test` size; "--engine batched", "--requests N", ...
+soak: setup tiny-model-test
+	$(PY) -m stable_prefix.bench.soak $(SOAK_ARGS)
+
 # The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention),
 # every configuration (mlx_lm.server too, even with QUICK=1).
 bench-hybrid: setup build/tiny-qwen3_5/config.json

@@ -29,6 +29,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,6 +54,7 @@ class RequestAdmission:
     """What the engine decided about one request's prompt, and whether its client is still there."""
 
     client_gone: Callable[[], bool] = lambda: False
+    arrived_at: float = field(default_factory=time.monotonic)
     refusal: PromptTooLong | None = None
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     loop: asyncio.AbstractEventLoop | None = None
@@ -72,6 +74,10 @@ _current: contextvars.ContextVar[RequestAdmission | None] = contextvars.ContextV
 class AdmissionCounters:
     """What the engine seams refused and stopped, for `/v1/cache/stats` (one server, one set)."""
 
+    requests_admitted: int = 0
+    # From the request's arrival to the engine taking it up (SimpleEngine: its turn on the worker).
+    queue_wait_seconds_total: float = 0.0
+    queue_wait_seconds_max: float = 0.0
     prompts_refused: int = 0
     prefills_stopped: int = 0
     prefill_tokens_skipped: int = 0  # prompt tokens a stopped prefill never computed
@@ -103,6 +109,11 @@ def admit_prompt(prompt_tokens: int, context_tokens: int | None) -> None:
             admission._decide()
         raise
     if admission is not None:
+        waited = time.monotonic() - admission.arrived_at
+        COUNTERS.requests_admitted += 1
+        COUNTERS.queue_wait_seconds_total += waited
+        COUNTERS.queue_wait_seconds_max = max(COUNTERS.queue_wait_seconds_max, waited)
+        logger.info("engine_patch: admitted a %d-token prompt after %.2f s in the queue", prompt_tokens, waited)
         admission._decide()
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import admission, batched_admission, batched_engine, detokenizer_map, http_endpoints, simple_engine
+from . import admission, batched_admission, batched_engine, detokenizer_map, http_endpoints, memory_stats, simple_engine
 from .disk_tier import DiskTier
 from .prefix_cache import PrefixCache
 from .request_plan import PrefixPlanner
@@ -60,6 +60,7 @@ class Installed:
         return {
             **self.cache.stats(),
             **admission.stats(),
+            **memory_stats.stats(),
             "engine": self.engine,
             "vllm_mlx_version": self.vllm_mlx_version,
             "disabled_reasons": self.planner.unsupported_reasons(),

