@@ -33,12 +33,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import usage_fields
 from .context_window import PromptTooLong, check_prompt_fits
+from .usage_fields import ANTHROPIC_PATHS, GenerationMiddleware
 
 logger = logging.getLogger("engine_patch")
 
-ANTHROPIC_PATHS = frozenset({"/v1/messages"})
-OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+# The usage fields' paths, and the Responses API (no usage rewriting there, but its prompts are refused too).
+OPENAI_PATHS = usage_fields.OPENAI_PATHS | {"/v1/responses"}
 # How long an event stream's start waits for the engine's verdict on its prompt:
 # long enough to tokenize a multi-megabyte paste, short enough that a request
 # queued behind another one is not left without response headers.
@@ -146,17 +148,12 @@ def error_response(path: str, refusal: PromptTooLong) -> tuple[int, dict]:
                            "code": "context_length_exceeded"}}
 
 
-class AdmissionMiddleware:
-    """ASGI middleware: one `RequestAdmission` per generation request; a refusal becomes the protocol's error."""
+class AdmissionMiddleware(GenerationMiddleware):
+    """One `RequestAdmission` per generation request; a refusal becomes the protocol's error."""
 
-    def __init__(self, app):
-        self.app = app
+    paths = ANTHROPIC_PATHS | OPENAI_PATHS
 
-    async def __call__(self, scope, receive, send):
-        path = scope.get("path", "")
-        if scope["type"] != "http" or scope.get("method") != "POST" or path not in ANTHROPIC_PATHS | OPENAI_PATHS:
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope, receive, send, path: str) -> None:
         admission = RequestAdmission(client_gone=uvicorn_disconnected(receive), loop=asyncio.get_running_loop())
         token = _current.set(admission)
         response = _HeldUntilAdmitted(send, path, admission)
