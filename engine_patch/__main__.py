@@ -17,7 +17,7 @@ from .disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
 from .install import ENGINES
 
 # The engine mode `serve` runs unless told otherwise (see docs/engine.md for the measured choice).
-DEFAULT_ENGINE = "simple"
+DEFAULT_ENGINE = "batched"
 # vllm-mlx's own flag for its batched engine; `--engine batched` passes it on.
 BATCHED_FLAG = "--continuous-batching"
 

@@ -48,6 +48,12 @@ def positional_indices(prompt_cache: list[Any]) -> list[int]:
     return [index for index, layer in enumerate(prompt_cache) if not is_rewindable(layer)]
 
 
+def has_recurrent_state(prompt_cache: list[Any]) -> bool:
+    """Whether any layer keeps recurrent or convolution state (`ArraysCache`, also inside a `CacheList`)."""
+    return any(isinstance(layer, ArraysCache) or (isinstance(layer, CacheList) and has_recurrent_state(list(layer.caches)))
+               for layer in prompt_cache)
+
+
 def check_snapshot_support(prompt_cache: list[Any]) -> None:
     """Raise `UnsupportedCache` unless every layer is a kind this module knows."""
     if not prompt_cache:

@@ -43,9 +43,9 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 
 # command -> (one-line help, runner taking the remaining arguments)
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
-    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _up),
+    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _up),
     "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _claude),
-    "serve": ("the patched vllm-mlx server: serve MODEL [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
+    "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
               _engine_patch("serve")),
     "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),
     "diff": ("compare two captured requests: diff A.json B.json [--normalized] [--json]", _captures("diff")),

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, make_private_dirs, write_private
-from stable_prefix.engine_patch.__main__ import parse_size
+from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE, parse_size
+from stable_prefix.engine_patch.install import ENGINES
 from stable_prefix.live import CaptureFollower, live_line
 from stable_prefix.tools.claude_code import stack_environment
 from stable_prefix.tools.claude_code_router import router_config
@@ -44,7 +45,7 @@ WEB_COLUMNS = ("icon", "path", "method", "status", "size", "time", "comment")
 LOG_TAIL_LINES = 25
 POLL_S = 0.5
 # Engine flags the launcher owns: a second value would move the engine off loopback or off its port.
-RESERVED_ENGINE_FLAGS = ("--host", "--port", "--served-model-name", "--max-tokens", "--prefix-cache-bytes")
+RESERVED_ENGINE_FLAGS = ("--host", "--port", "--served-model-name", "--max-tokens", "--prefix-cache-bytes", "--engine", "--continuous-batching")
 _WEB_URL = re.compile(r"Web server listening at (\S+)")
 
 
@@ -62,6 +63,7 @@ class StackOptions:
     served_model_name: str = ""
     max_tokens: int = DEFAULT_MAX_TOKENS
     cache_bytes: int | None = None
+    engine: str = DEFAULT_ENGINE
     capture_dir: Path = DEFAULT_CAPTURE_DIR
     proxy_options: tuple[str, ...] = ()
     engine_args: tuple[str, ...] = ()
@@ -87,6 +89,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                         help=f"the engine's default and the proxy's cap for max_tokens (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--cache-bytes", type=parse_size, help="the prefix cache's budget, e.g. 8GiB (default: 25%% of RAM)")
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                        help=f"batched: requests in flight at once decode together (concurrent subagents); "
+                             f"simple: one request at a time (default {DEFAULT_ENGINE})")
     parser.add_argument("--capture-dir", type=Path, default=DEFAULT_CAPTURE_DIR,
                         help=f"where capture sessions go (default: {DEFAULT_CAPTURE_DIR} in the working directory)")
     parser.add_argument("--set", dest="proxy_options", action="append", default=[], metavar="NAME=VALUE",
@@ -105,7 +110,7 @@ def parse_options(argv: list[str]) -> StackOptions:
     for flag in engine_args:
         if flag.split("=")[0] in RESERVED_ENGINE_FLAGS:
             raise StackError(f"{flag}: set by `stable-prefix up` itself (the engine listens on {LOOPBACK}); "
-                             "use --engine-port, --served-model-name, --max-tokens or --cache-bytes")
+                             "use --engine-port, --served-model-name, --max-tokens, --cache-bytes or --engine")
     for option in args.proxy_options:
         if "=" not in option:
             raise StackError(f"--set {option}: expected NAME=VALUE")
@@ -115,7 +120,7 @@ def parse_options(argv: list[str]) -> StackOptions:
         raise StackError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
     return StackOptions(model=args.model, port=args.port, engine_port=args.engine_port, web=args.web, web_port=args.web_port,
                         served_model_name=args.served_model_name, max_tokens=args.max_tokens, cache_bytes=args.cache_bytes,
-                        capture_dir=args.capture_dir, proxy_options=tuple(args.proxy_options), engine_args=tuple(engine_args))
+                        engine=args.engine, capture_dir=args.capture_dir, proxy_options=tuple(args.proxy_options), engine_args=tuple(engine_args))
 
 
 # --- before anything starts -----------------------------------------------------------------------
@@ -150,7 +155,7 @@ def check_ports(ports: dict[str, int]) -> None:
 def engine_command(options: StackOptions, port: int) -> list[str]:
     command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", options.model,
                "--host", LOOPBACK, "--port", str(port), "--served-model-name", options.model_name,
-               "--max-tokens", str(options.max_tokens)]
+               "--max-tokens", str(options.max_tokens), "--engine", options.engine]
     if options.cache_bytes:
         command += ["--prefix-cache-bytes", str(options.cache_bytes)]
     return command + list(options.engine_args)
@@ -210,7 +215,7 @@ def client_instructions(options: StackOptions, proxy_url: str) -> str:
 def print_ready(options: StackOptions, engine: Server, proxy: Server, session_dir: Path, web: str | None) -> None:
     print(f"\nstable-prefix: ready. The model {options.model} is served as {options.model_name!r}.")
     print(f"  proxy     {proxy.url}   (clients connect here)   log {proxy.log_path}")
-    print(f"  engine    {engine.url}   (cache stats: {engine.url}/v1/cache/stats)   log {engine.log_path}")
+    print(f"  engine    {engine.url}   ({options.engine} engine; cache stats: {engine.url}/v1/cache/stats)   log {engine.log_path}")
     if options.web:
         print(f"  mitmweb   {web or '(its address with the access token is in the proxy log)'}")
     print(f"  captures  {session_dir}")

@@ -5,7 +5,8 @@ SIGKILL once its snapshot is on disk; servers started afterwards on the same
 directory answer the next turn. Greedy answers are compared token for token
 (text and count) with vllm-mlx as shipped, which has no cache to restore.
 The same restart with the Qwen3.5-shaped hybrid, whose files hold checkpoints
-of its recurrent layers, closes the module.
+of its recurrent layers, and both models on the continuous-batching engine,
+close the module.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ def prompt_tokens(usage: dict) -> int:
     return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
 
 
-def killed_after_one_turn(tmp_path_factory, model=TEST_MODEL):
+def killed_after_one_turn(tmp_path_factory, model=TEST_MODEL, *flags: str):
     """A directory holding what a server left when it was killed with SIGKILL after one turn."""
     directory = tmp_path_factory.mktemp("kv")
-    with engine(tmp_path_factory.mktemp("first-life"), "first-life", "--prefix-cache-dir", str(directory), model=model) as server:
+    with engine(tmp_path_factory.mktemp("first-life"), "first-life", "--prefix-cache-dir", str(directory), *flags, model=model) as server:
         send(server.url, "/v1/messages", body(FIRST_TURN))
         wait_for_disk_writes(server.url, 1)
         kill_9(server)
@@ -220,3 +221,20 @@ def test_a_hybrid_model_killed_and_restarted_restores_the_next_turn_and_the_head
     # conversation at the system + tools head: both checkpoints, both from the killed server's file.
     assert next_turn.usage["cache_read_input_tokens"] > prompt_tokens(next_turn.usage) // 2
     assert 0 < new_conversation.usage["cache_read_input_tokens"] < next_turn.usage["cache_read_input_tokens"]
+
+
+@pytest.mark.parametrize("model", [TEST_MODEL, HYBRID_MODEL], ids=["qwen2", "qwen3_5"])
+def test_the_batched_engine_killed_and_restarted_restores_the_next_turn_and_the_head_from_disk(model, tmp_path_factory):
+    directory = killed_after_one_turn(tmp_path_factory, model, "--engine", "batched")
+    with engine(tmp_path_factory.mktemp("batched-restarted"), "batched-restarted", "--engine", "batched",
+                "--prefix-cache-dir", str(directory), model=model) as server:
+        next_turn, stats, new_conversation = next_turn_then_new_conversation(server)
+    with engine(tmp_path_factory.mktemp("batched-shipped"), "batched-shipped", "--no-prefix-cache", "--continuous-batching",
+                model=model, env={"HOME": str(tmp_path_factory.mktemp("batched-shipped-home"))}) as server:
+        shipped_next_turn = send(server.url, "/v1/messages", body(NEXT_TURN, stream=True))
+        shipped_new_conversation = send(server.url, "/v1/messages", body(NEW_CONVERSATION))
+    for restored, shipped in ((next_turn, shipped_next_turn), (new_conversation, shipped_new_conversation)):
+        assert restored.text == shipped.text and restored.usage["output_tokens"] == shipped.usage["output_tokens"]
+    assert stats["engine"] == "batched" and stats["disk_hits"] == 1 and stats["disk_errors"] == 0
+    assert next_turn.usage["cache_read_input_tokens"] > prompt_tokens(next_turn.usage) // 2
+    assert new_conversation.usage["cache_read_input_tokens"] > 0

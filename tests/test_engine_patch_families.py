@@ -1,8 +1,8 @@
 """The patched server with every model family people run: hybrid (Qwen3.5
 gated-DeltaNet, Nemotron-H Mamba2) and sliding-window (gpt-oss, Gemma 3).
 
-For each family, through a real patched server and the same vllm-mlx as
-shipped, on interleaved agent-shaped lanes over both endpoints (streamed and
+For each family and each engine mode (SimpleEngine, continuous batching),
+through a real patched server and the same vllm-mlx engine as shipped, on interleaved agent-shaped lanes over both endpoints (streamed and
 not): the greedy answers are identical, every follow-up turn is warm, a new
 conversation reuses the shared system + tools head, no request reuses less
 than vllm-mlx as shipped did on the same request, and nothing is disabled.
@@ -18,7 +18,7 @@ import pytest
 from tests.support.llm_client import cache_stats, reused_tokens, send
 from tests.support.models import REPO_ROOT, require_model
 from tests.support.processes import free_port, http_ok, running
-from tests.test_engine_patch_server import PROTOCOLS, interleaved, prompt_tokens
+from tests.test_engine_patch_server import ENGINES, PROTOCOLS, interleaved, prompt_tokens
 
 pytestmark = pytest.mark.server
 
@@ -29,7 +29,9 @@ FAMILIES = [
     pytest.param("nemotron_h", marks=pytest.mark.slow),
 ]
 
-SHIPPED_HIT = re.compile(r"System KV cache HIT \(stream_chat\): reusing (\d+) tokens")
+# What vllm-mlx as shipped logs when its cache serves a request: SimpleEngine's system-prefix
+# cache, the batched engine's memory-aware cache.
+SHIPPED_HIT = re.compile(r"System KV cache HIT \(stream_chat\): reusing (\d+) tokens|\[cache_fetch\] request=\S+ HIT prompt_tokens=\d+ cached=(\d+)")
 
 
 def family_model(family: str):
@@ -48,8 +50,8 @@ def send_to_shipped(server, path: str, body: dict):
     """The answer of vllm-mlx as shipped, and the tokens it reused, from its own log line (0 when it logs no hit)."""
     before = len(server.log_text())
     answer = send(server.url, path, body)
-    hits = SHIPPED_HIT.findall(server.log_text()[before:])
-    return answer, int(hits[-1]) if hits else 0
+    hits = [int(simple or batched) for simple, batched in SHIPPED_HIT.findall(server.log_text()[before:])]
+    return answer, hits[-1] if hits else 0
 
 
 def new_conversation(body: dict, path: str) -> dict:
@@ -58,10 +60,12 @@ def new_conversation(body: dict, path: str) -> dict:
     return {**body, "messages": [*first, {"role": "user", "content": "A different task: list the open issues."}], "stream": False}
 
 
+@pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_answers_as_shipped_stays_warm_and_never_reuses_less(family, tmp_path_factory):
-    with engine_server(tmp_path_factory, family, "patched", "--prefix-cache-bytes", "64MiB") as patched, \
-            engine_server(tmp_path_factory, family, "shipped", "--no-prefix-cache") as shipped:
+def test_every_family_answers_as_shipped_stays_warm_and_never_reuses_less(family, engine, tmp_path_factory):
+    ours, theirs = ENGINES[engine]
+    with engine_server(tmp_path_factory, family, f"patched-{engine}", *ours, "--prefix-cache-bytes", "64MiB") as patched, \
+            engine_server(tmp_path_factory, family, f"shipped-{engine}", *theirs) as shipped:
         # Both servers start empty and keep what they cached across the two
         # protocols, so each request meets the same history on both.
         for path in PROTOCOLS:

@@ -1,9 +1,10 @@
-"""The patched vllm-mlx server, for real, with the tiny model on 127.0.0.1.
+"""The patched vllm-mlx server, for real, with the tiny model on 127.0.0.1, in both engine modes
+(SimpleEngine, and the continuous-batching scheduler with `--engine batched`).
 
-Compared against the same vllm-mlx as shipped (`--no-prefix-cache`): greedy
-answers are identical on both endpoints, streamed and not; follow-up turns
-prefill only their new tokens; interleaved lanes stay warm; a small budget
-evicts by LRU and is never exceeded.
+Compared against the same vllm-mlx engine as shipped (`--no-prefix-cache`): greedy
+answers are identical on both endpoints, streamed and not, also with requests in
+flight at once; follow-up turns prefill only their new tokens; interleaved lanes
+stay warm; a small budget evicts by LRU and is never exceeded.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from tests.support.processes import free_port, http_ok, running
 pytestmark = pytest.mark.server
 
 MAX_TOKENS = 8
+# Per engine mode: the patched server's flags, and the same engine as shipped.
+ENGINES = {
+    "simple": ([], ["--no-prefix-cache"]),
+    "batched": (["--engine", "batched"], ["--no-prefix-cache", "--continuous-batching"]),
+}
 
 
 def engine_server(tmp_path_factory, name: str, *flags: str):
@@ -37,15 +43,20 @@ def engine_server(tmp_path_factory, name: str, *flags: str):
     )
 
 
+@pytest.fixture(scope="module", params=list(ENGINES))
+def engine(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory):
-    with engine_server(tmp_path_factory, "patched", "--prefix-cache-bytes", "64MiB") as server:
+def patched(tmp_path_factory, engine):
+    with engine_server(tmp_path_factory, f"patched-{engine}", *ENGINES[engine][0], "--prefix-cache-bytes", "64MiB") as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def shipped(tmp_path_factory):
-    with engine_server(tmp_path_factory, "shipped", "--no-prefix-cache") as server:
+def shipped(tmp_path_factory, engine):
+    with engine_server(tmp_path_factory, f"shipped-{engine}", *ENGINES[engine][1]) as server:
         yield server
 
 
@@ -184,12 +195,12 @@ def test_concurrent_requests_queue_and_answer_as_if_sent_alone(fresh_cache, ship
     assert [answer.text for answer in answers] == expected
 
 
-def test_a_budget_too_small_for_every_lane_evicts_the_least_recent_and_is_never_exceeded(tmp_path_factory):
+def test_a_budget_too_small_for_every_lane_evicts_the_least_recent_and_is_never_exceeded(tmp_path_factory, engine):
     # The test model holds 256 bytes per token: one lane of ~200 tokens fits, not two.
     budget = 60_000
     lost_warm_prefix = []
     previous_prompt: dict[str, int] = {}
-    with engine_server(tmp_path_factory, "small-budget", "--prefix-cache-bytes", str(budget)) as server:
+    with engine_server(tmp_path_factory, f"small-budget-{engine}", *ENGINES[engine][0], "--prefix-cache-bytes", str(budget)) as server:
         for lane, body in interleaved("/v1/messages"):
             answer = send(server.url, "/v1/messages", body)
             stats = cache_stats(server.url)
@@ -201,6 +212,7 @@ def test_a_budget_too_small_for_every_lane_evicts_the_least_recent_and_is_never_
     assert lost_warm_prefix, "with room for one lane, interleaved lanes must evict each other"
 
 
-def test_the_server_logs_what_it_installed_on_which_version(patched):
+def test_the_server_logs_what_it_installed_on_which_version_and_engine(patched, engine):
     log = Path(patched.log_path).read_text()
-    assert "prefix cache installed on vllm-mlx 0.6.0" in log
+    assert f"prefix cache installed on vllm-mlx 0.6.0, {engine} engine" in log
+    assert cache_stats(patched.url)["engine"] == engine

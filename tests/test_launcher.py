@@ -25,9 +25,11 @@ import pytest
 import requests
 from fixtures import claude_code as fixtures
 
+from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
+from stable_prefix.engine_patch.install import ENGINES
 from stable_prefix.live import live_line
 from stable_prefix.tools import claude_code
-from tests.support.llm_client import send
+from tests.support.llm_client import cache_stats, send
 from tests.support.models import require_model
 from tests.support.processes import LOOPBACK, VENV_BIN, free_port, port_open
 
@@ -259,6 +261,17 @@ def test_an_engine_that_cannot_start_is_a_clear_error_with_nothing_left_running(
     assert not port_open(engine_port) and not port_open(launcher.port)
     assert not [process.pid for process in psutil.process_iter(["cmdline"])
                 if str(broken_model) in " ".join(process.info["cmdline"] or [])]
+
+
+@pytest.mark.server
+def test_up_runs_the_default_engine_mode_and_the_one_it_is_told(web_stack, launched):
+    launcher, state = web_stack
+    assert cache_stats(state["engine_url"])["engine"] == DEFAULT_ENGINE
+    other = next(engine for engine in ENGINES if engine != DEFAULT_ENGINE)
+    told = launched("--engine", other)
+    told_state = told.wait_until_ready()
+    told.wait_for(rf"engine .*\({other} engine; cache stats")
+    assert cache_stats(told_state["engine_url"])["engine"] == other
 
 
 def test_a_model_folder_that_does_not_exist_is_refused_before_anything_starts(tmp_path):
