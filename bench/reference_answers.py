@@ -1,6 +1,7 @@
 """What a request gets alone from an uncached engine: the greedy answer every cached answer must equal.
 
-The reference is vllm-mlx as shipped (`--no-prefix-cache`), sent the body the
+The reference is the same engine mode as vllm-mlx ships it, with no prefix
+cache (`UNCACHED_FLAGS`), sent the body the
 proxy forwarded to the stack's engine (from the capture record, found by the
 request's `metadata.user_id`, which every soak request carries and the proxy
 passes on), alone, streamed like the original. Identical bodies are asked once.
@@ -18,13 +19,20 @@ from stable_prefix.bench.stream_client import StreamedAnswer, post_messages
 from stable_prefix.tools.servers import VENV_BIN, free_port, http_ok, running
 
 CAPTURE_WAIT_S = 30.0
+# Per engine mode, that engine as vllm-mlx ships it with no prefix cache of ours and none of its own: the two
+# modes format an answer differently (the batched one keeps a first token's leading space, counts the
+# tokens of a whole answer one lower), so each cached mode is compared with its own uncached engine.
+UNCACHED_FLAGS = {
+    "simple": ("--engine", "simple", "--no-prefix-cache"),
+    "batched": ("--engine", "batched", "--no-prefix-cache", "--disable-prefix-cache"),
+}
 
 
 @contextlib.contextmanager
-def reference_engine(model: Path, served_name: str, log_dir: Path) -> Iterator[str]:
+def reference_engine(model: Path, served_name: str, log_dir: Path, mode: str) -> Iterator[str]:
     port = free_port()
     command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(model), "--host", "127.0.0.1",
-               "--port", str(port), "--served-model-name", served_name, "--no-prefix-cache"]
+               "--port", str(port), "--served-model-name", served_name, *UNCACHED_FLAGS[mode]]
     with running("reference", command, port=port, log_dir=log_dir, ready=lambda: http_ok(f"http://127.0.0.1:{port}/v1/models")) as server:
         yield server.url
 

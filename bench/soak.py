@@ -38,6 +38,8 @@ from stable_prefix.bench.soak_requests import session_requests
 from stable_prefix.bench.stack import cpu_description
 from stable_prefix.bench.stream_client import post_messages
 from stable_prefix.bench.up_stack import SERVED_NAME, StackSettings, start_life
+from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
+from stable_prefix.engine_patch.install import ENGINES
 from stable_prefix.tools.servers import REPO_ROOT
 
 DOCS_PAGE = REPO_ROOT / "docs" / "reliability.md"
@@ -200,7 +202,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m stable_prefix.bench.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="the small version `make test` runs (a minute or two)")
     parser.add_argument("--model", type=Path, default=REPO_ROOT / "build" / "tiny-model-test")
-    parser.add_argument("--engine", choices=("simple", "batched"), default="simple", help="the engine mode `up` runs")
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help=f"the engine mode `up` runs (default {DEFAULT_ENGINE})")
     parser.add_argument("--requests", type=int)
     parser.add_argument("--restart-every", type=int)
     parser.add_argument("--sample-every", type=int)
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": args.engine, "machine": f"{cpu_description()}, {platform.system()}",
         "settings": {"soak": asdict(soak_settings), "load": {**asdict(load_settings), "seeds": list(load_settings.seeds)}},
     }
-    with reference_engine(args.model, SERVED_NAME, work / "reference") as reference_url:
+    with reference_engine(args.model, SERVED_NAME, work / "reference", args.engine) as reference_url:
         reference = ReferenceAnswers(reference_url)
         soak = run_soak(soak_stack, soak_settings, reference)
         run["soak"] = soak_summary(soak, soak_settings, soak_stack)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
 from stable_prefix.tools.servers import VENV_BIN, free_port, http_ok, stop
 
 READY_TIMEOUT_S = 300.0
@@ -54,7 +55,7 @@ class StackSettings:
     out: Path  # logs, captures, the KV directory, the state home
     ram_budget: str
     disk_budget: str
-    engine_mode: str = "simple"
+    engine_mode: str = DEFAULT_ENGINE
 
     @property
     def kv_dir(self) -> Path:
@@ -68,8 +69,8 @@ def start_life(settings: StackSettings, number: int) -> StackLife:
     log_path = settings.out / f"up-life-{number}.log"
     settings.out.mkdir(parents=True, exist_ok=True)
     command = [str(VENV_BIN / "stable-prefix"), "up", str(settings.model), "--port", str(port), "--served-model-name", SERVED_NAME,
-               "--cache-bytes", settings.ram_budget, "--capture-dir", str(capture_dir), "--",
-               "--engine", settings.engine_mode, "--prefix-cache-dir", str(settings.kv_dir),
+               "--cache-bytes", settings.ram_budget, "--capture-dir", str(capture_dir), "--engine", settings.engine_mode, "--",
+               "--prefix-cache-dir", str(settings.kv_dir),
                "--prefix-cache-disk-bytes", settings.disk_budget]
     log = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,

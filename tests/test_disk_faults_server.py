@@ -1,7 +1,8 @@
 """Faults of the disk tier made for real on disk, through real patched servers with the tiny test model.
 
-Every answer is compared, text and token count, with vllm-mlx as shipped (`--no-prefix-cache`: no cache to
-restore from), and every fault must cost reuse only: a counted, logged reason, never a request.
+The patched servers run the default engine mode. Every answer is compared, text and token count, with the
+same engine as vllm-mlx ships it with no prefix cache (nothing to restore from), and every fault must cost
+reuse only: a counted, logged reason, never a request.
 - a small filesystem whose free-space margin leaves nothing to write: the stats say so (the effective budget
   and why), and no snapshot is written;
 - a disk out of room for a new file (a tmpfs out of inodes: the kernel's ENOSPC) while a snapshot is written,
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.engines import engine, kill_9
+from tests.support.engines import SHIPPED_DEFAULT_MODE, engine, kill_9
 from tests.support.llm_client import cache_stats, send
 from tests.support.models import OTHER_SEED_MODEL, TEST_MODEL
 from tests.support.small_filesystem import tmpfs, use_up_inodes
@@ -70,13 +71,13 @@ def snapshot_files(directory):
 
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory):
-    with engine(tmp_path_factory.mktemp("shipped"), "shipped", "--no-prefix-cache") as server:
+    with engine(tmp_path_factory.mktemp("shipped"), "shipped", *SHIPPED_DEFAULT_MODE) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def shipped_other_weights(tmp_path_factory):
-    with engine(tmp_path_factory.mktemp("shipped-seed1"), "shipped-seed1", "--no-prefix-cache", model=OTHER_SEED_MODEL) as server:
+    with engine(tmp_path_factory.mktemp("shipped-seed1"), "shipped-seed1", *SHIPPED_DEFAULT_MODE, model=OTHER_SEED_MODEL) as server:
         yield server
 
 

@@ -7,8 +7,16 @@ import signal
 import sys
 from pathlib import Path
 
+from stable_prefix.bench.reference_answers import UNCACHED_FLAGS
+from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
+
 from .models import TEST_MODEL, require_model
 from .processes import free_port, http_ok, running
+
+# vllm-mlx's SimpleEngine as shipped: the uncached reference of the real-weights test, for both modes.
+SHIPPED = UNCACHED_FLAGS["simple"]
+# The default engine mode as shipped, uncached: the reference of tests that run the default mode.
+SHIPPED_DEFAULT_MODE = UNCACHED_FLAGS[DEFAULT_ENGINE]
 
 
 def engine(log_dir: Path, name: str, *flags: str, model: Path = TEST_MODEL, env: dict[str, str] | None = None):
