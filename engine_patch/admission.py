@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import usage_fields
-from .context_window import PromptTooLong, check_prompt_fits
+from .context_window import PromptTooLong, check_prompt_fits, estimated_tokens_if_far_too_long
 from .usage_fields import ANTHROPIC_PATHS, GenerationMiddleware
 
 logger = logging.getLogger("engine_patch")
@@ -117,6 +117,14 @@ def admit_prompt(prompt_tokens: int, context_tokens: int | None) -> None:
         COUNTERS.queue_wait_seconds_max = max(COUNTERS.queue_wait_seconds_max, waited)
         logger.info("engine_patch: admitted a %d-token prompt after %.2f s in the queue", prompt_tokens, waited)
         admission._decide()
+
+
+def refuse_if_far_too_long(tokenizer, text: str, context_tokens: int | None) -> None:
+    """Refuse a prompt text far longer than the context before it is tokenized whole (an engine seam calls
+    this where the text arrives, ahead of its own tokenization); the count in the refusal is estimated."""
+    estimate = estimated_tokens_if_far_too_long(tokenizer, text, context_tokens)
+    if estimate is not None:
+        admit_prompt(estimate, context_tokens)  # raises PromptTooLong
 
 
 def stop_if_client_gone(processed: int, total: int) -> None:

@@ -1,4 +1,6 @@
-"""The SimpleEngine seam of `admission.py`: `mlx_lm.stream_generate`, before the cache sees the prompt.
+"""The SimpleEngine seams of `admission.py`: `mlx_lm.stream_generate`, before the cache sees the prompt,
+and vllm-mlx's `MLXLanguageModel.stream_generate`, where a text far longer than the context is refused
+before vllm-mlx tokenizes it whole to count it (seconds for a multi-megabyte paste).
 
 Every SimpleEngine text generation ends in `mlx_lm.stream_generate` (see
 `cached_generation.py`), so wrapping it outermost gives each request, cached or
@@ -11,11 +13,12 @@ generation when the request's client has gone.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .admission import ClientGone, admit_prompt, stop_if_client_gone
+from .admission import ClientGone, admit_prompt, refuse_if_far_too_long, stop_if_client_gone
 from .context_window import context_length
 from .request_plan import prompt_token_ids
 
@@ -48,3 +51,20 @@ def _stopping(callback: Callable[[int, int], None] | None) -> Callable[[int, int
         stop_if_client_gone(processed, total)
 
     return progress
+
+
+def install_early_check() -> list[str]:
+    try:
+        from vllm_mlx.models.llm import MLXLanguageModel
+    except ImportError:
+        return []
+    original = MLXLanguageModel.stream_generate
+
+    @functools.wraps(original)
+    def stream_generate_unless_far_too_long(self, prompt, *args, **kwargs):
+        if isinstance(prompt, str):
+            refuse_if_far_too_long(self.tokenizer, prompt, context_length(self.model, self.tokenizer))
+        yield from original(self, prompt, *args, **kwargs)
+
+    MLXLanguageModel.stream_generate = stream_generate_unless_far_too_long
+    return ["MLXLanguageModel.stream_generate (a paste far beyond the context)"]

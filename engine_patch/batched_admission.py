@@ -4,7 +4,8 @@ vllm-mlx's continuous-batching scheduler tokenizes each request in
 `add_request` and queues it there for a place in the batch. The prompt is
 tokenized here first, the way `add_request` would (it then skips that step),
 and one the model's context cannot hold is refused before it is queued, so the
-engine thread can never schedule it. The check runs in the request's own
+engine thread can never schedule it (a paste far beyond the context before it
+is tokenized whole: `context_window.estimated_tokens_if_far_too_long`). The check runs in the request's own
 context (`batched_engine.py` keeps it by request id), so the HTTP layer learns
 of the refusal at once. A client that disconnects is vllm-mlx's own business
 here: the batched engine aborts the request's prefill itself.
@@ -16,7 +17,7 @@ import contextvars
 import functools
 from typing import Any
 
-from .admission import admit_prompt
+from .admission import admit_prompt, refuse_if_far_too_long
 from .context_window import context_length
 
 
@@ -29,17 +30,28 @@ def install(contexts: dict[str, contextvars.Context]) -> list[str]:
 
     @functools.wraps(add_request)
     def add_request_if_it_fits(scheduler: Any, request: Any) -> None:
-        tokens = _prompt_tokens(scheduler, request)
-        if tokens is not None:
-            request.prompt_token_ids, request.num_prompt_tokens = tokens, len(tokens)
-            check = functools.partial(admit_prompt, len(tokens),
-                                      context_length(scheduler.model, getattr(scheduler, "_actual_tokenizer", None)))
-            context = contexts.get(request.request_id)
-            context.run(check) if context is not None else check()
+        context = contexts.get(request.request_id)
+        context.run(_check, scheduler, request) if context is not None else _check(scheduler, request)
         add_request(scheduler, request)
 
     Scheduler.add_request = add_request_if_it_fits
     return ["batched Scheduler.add_request (context check)"]
+
+
+def _check(scheduler: Any, request: Any) -> None:
+    """Refuse (PromptTooLong) a prompt the context cannot hold: a paste far beyond it before tokenizing it
+    whole, any other once tokenized (its ids are kept, so `add_request` does not tokenize it again)."""
+    context = context_length(scheduler.model, getattr(scheduler, "_actual_tokenizer", None))
+    if request.prompt_token_ids is None and isinstance(request.prompt, str):
+        refuse_if_far_too_long(_encoder(scheduler), request.prompt, context)
+    tokens = _prompt_tokens(scheduler, request)
+    if tokens is not None:
+        request.prompt_token_ids, request.num_prompt_tokens = tokens, len(tokens)
+        admit_prompt(len(tokens), context)
+
+
+def _encoder(scheduler: Any) -> Any:
+    return scheduler.tokenizer if hasattr(scheduler.tokenizer, "encode") else getattr(scheduler.tokenizer, "tokenizer", None)
 
 
 def _prompt_tokens(scheduler: Any, request: Any) -> list[int] | None:
@@ -48,5 +60,5 @@ def _prompt_tokens(scheduler: Any, request: Any) -> list[int] | None:
         return list(request.prompt_token_ids)
     if not isinstance(request.prompt, str):
         return list(request.prompt)
-    encoder = scheduler.tokenizer if hasattr(scheduler.tokenizer, "encode") else getattr(scheduler.tokenizer, "tokenizer", None)
+    encoder = _encoder(scheduler)
     return encoder.encode(request.prompt) if hasattr(encoder, "encode") else None

@@ -16,6 +16,10 @@ from typing import Any
 # Hugging Face tokenizers report int(1e30) and the like when no length is set.
 UNSET_TOKENIZER_LENGTH = 10**7
 CONTEXT_FIELDS = ("max_position_embeddings", "max_sequence_length", "seq_length")
+# A prompt text longer than this many characters per token of context is checked piece by piece first
+# (`estimated_tokens_if_far_too_long`): real conversations run 3-5 characters per token.
+FAR_TOO_LONG_CHARS_PER_TOKEN = 8
+PIECE_CHARS = 2**16
 
 
 class PromptTooLong(ValueError):
@@ -50,6 +54,32 @@ def context_length(model: Any, tokenizer: Any = None) -> int | None:
     if from_tokenizer and from_tokenizer < UNSET_TOKENIZER_LENGTH:
         return min(declared, from_tokenizer) if declared else from_tokenizer
     return declared
+
+
+def estimated_tokens_if_far_too_long(tokenizer: Any, text: str, context_tokens: int | None) -> int | None:
+    """For a prompt text many times the context's length in characters (a paste, not a long conversation),
+    the whole prompt's token count estimated from the pieces tokenized until they alone exceed the context
+    clearly; None when the text is not that long or does fit (the caller then counts it exactly, as before).
+
+    Tokenizing a 10 MB paste takes seconds to tens of seconds: its refusal should not wait for all of it.
+    Pieces end at line breaks (no special token spans one), and each piece boundary may shift the count by
+    a token or two, so "clearly" is with a margin of 5% and 16 tokens per piece.
+    """
+    if context_tokens is None or len(text) <= FAR_TOO_LONG_CHARS_PER_TOKEN * context_tokens:
+        return None
+    encode = getattr(tokenizer, "encode", None)
+    if encode is None:
+        return None
+    counted = read = pieces = 0
+    while read < len(text):
+        end = min(len(text), read + PIECE_CHARS)
+        if end < len(text):
+            end = max(text.rfind("\n", read, end) + 1, read + PIECE_CHARS // 2)
+        counted += len(encode(text[read:end], add_special_tokens=False))
+        read, pieces = end, pieces + 1
+        if counted > context_tokens * 1.05 + 16 * pieces:
+            return round(counted * len(text) / read)
+    return None
 
 
 def check_prompt_fits(prompt_tokens: int, context_tokens: int | None) -> None:

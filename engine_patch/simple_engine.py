@@ -21,6 +21,7 @@ import functools
 import logging
 import sys
 
+from . import admitted_generation
 from .admitted_generation import AdmittedGeneration
 from .cached_generation import CachedGeneration
 from .prompt_head import set_head_text
@@ -38,7 +39,7 @@ def install(planner: PrefixPlanner) -> list[str]:
     mlx_lm.stream_generate = admitted
     # mlx_lm.generate() (vllm-mlx's non-streamed path) calls its module's global.
     sys.modules["mlx_lm.generate"].stream_generate = admitted
-    patched = ["mlx_lm.stream_generate"]
+    patched = ["mlx_lm.stream_generate", *admitted_generation.install_early_check()]
     patched += _defer_builtin_prefix_cache(generation)
     patched += _carry_prompt_head()
     patched += _carry_request_context_to_worker()

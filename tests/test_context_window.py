@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from stable_prefix.engine_patch.admission import error_response
-from stable_prefix.engine_patch.context_window import PromptTooLong, check_prompt_fits, context_length
+from stable_prefix.engine_patch.context_window import PromptTooLong, check_prompt_fits, context_length, estimated_tokens_if_far_too_long
 
 
 def model_with(**arguments):
@@ -52,3 +52,50 @@ def test_openai_clients_get_context_length_exceeded(path):
     assert status == 400 and body["error"]["code"] == "context_length_exceeded"
     assert body["error"]["type"] == "invalid_request_error"
     assert "maximum context length is 8192 tokens" in body["error"]["message"] and "9000 tokens" in body["error"]["message"]
+
+
+# --- a paste far beyond the context: refused before it is tokenized whole ---------------------------------
+
+class CountingTokenizer:
+    """The tiny test model's real tokenizer, counting the characters it was given."""
+
+    def __init__(self):
+        from transformers import AutoTokenizer
+
+        from tests.support.models import TEST_MODEL, require_model
+
+        self.tokenizer = AutoTokenizer.from_pretrained(require_model(TEST_MODEL))
+        self.characters = 0
+
+    def encode(self, text, **kwargs):
+        self.characters += len(text)
+        return self.tokenizer.encode(text, **kwargs)
+
+
+def paste(lines: int) -> str:
+    return "".join(f"def handler_{line:06d}(request):\n    return service(request, {line % 997:03d})\n" for line in range(lines))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return CountingTokenizer()
+
+
+def test_a_paste_far_beyond_the_context_is_estimated_from_a_part_of_it_within_a_percent(tokenizer):
+    text = paste(40_000)  # ~2 MB, ~800K tokens
+    exact = len(tokenizer.tokenizer.encode(text))
+    tokenizer.characters = 0
+    estimate = estimated_tokens_if_far_too_long(tokenizer, text, context_tokens=8192)
+    assert estimate is not None and abs(estimate - exact) / exact < 0.01
+    assert tokenizer.characters < len(text) / 10  # it read a part
+
+
+def test_a_text_no_longer_than_a_few_characters_per_context_token_is_left_to_the_exact_count(tokenizer):
+    tokenizer.characters = 0
+    assert estimated_tokens_if_far_too_long(tokenizer, paste(500), context_tokens=8192) is None
+    assert tokenizer.characters == 0
+
+
+def test_a_long_text_of_few_tokens_is_not_refused_by_the_estimate(tokenizer):
+    spaces = " " * 200_000  # long runs of spaces tokenize into few tokens: the exact count decides
+    assert estimated_tokens_if_far_too_long(tokenizer, spaces, context_tokens=8192) is None

@@ -62,6 +62,15 @@ def test_an_openai_prompt_beyond_the_context_is_refused_with_context_length_exce
     assert f"maximum context length is {CONTEXT} tokens" in response.json()["error"]["message"]
 
 
+def test_a_paste_of_megabytes_is_refused_like_any_prompt_beyond_the_context(server):
+    paste = "".join(f"line {line:06d}: a pasted log entry with a value of {line % 991:03d}\n" for line in range(60_000))  # 3.7 MB
+    before = cache_stats(server.url)
+    response = requests.post(server.url + "/v1/messages", json=request_body("/v1/messages", paste, stream=True), timeout=300)
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    assert response.json()["error"]["message"].endswith(f" tokens > {CONTEXT} maximum")
+    assert cache_stats(server.url)["tokens_prefilled"] == before["tokens_prefilled"]
+
+
 def test_a_prompt_inside_the_context_still_streams_as_before(server):
     answer = send(server.url, "/v1/messages", request_body("/v1/messages", "Say hello.", stream=True))
     assert answer.events[0]["type"] == "message_start" and answer.events[-1]["type"] == "message_stop"
