@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     soak_settings, load_settings = settings_from(args)
     out = args.out or (REPO_ROOT / "build" / "soak-small" if args.small else REPO_ROOT / "bench" / "results" / "soak")
     work = out / "work"
-    subprocess.run(["rm", "-rf", str(work)], check=True)
+    shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     soak_stack = StackSettings(args.model, work / "soak", args.ram_budget, args.disk_budget, args.engine)
     load_stack = StackSettings(args.model, work / "load", args.ram_budget, args.disk_budget, args.engine)

@@ -193,7 +193,8 @@ class _HeldUntilAdmitted:
         async with self._lock:
             if self.replaced:
                 return
-            if message["type"] == "http.response.start" and _is_event_stream(message) and not self.admission.decided.is_set():
+            undecided_or_refused = not self.admission.decided.is_set() or self.admission.refusal is not None
+            if message["type"] == "http.response.start" and _is_event_stream(message) and undecided_or_refused:
                 self.held = [message]
                 self._release = asyncio.create_task(self._release_when_decided())
                 return
