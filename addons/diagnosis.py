@@ -27,6 +27,9 @@ earned its keep. Every break of the forwarded pair gets a `cause`:
                           session, `/clear`)
   new task                a subagent or side lane's conversation restarted
                           (its first message differs)
+  history held by the server  a Responses request continues a stored response
+                          (`previous_response_id`) the proxy did not see: what
+                          the server puts in front of its input is unknown here
   unexplained             anything else: an edited system prompt, a changed
                           tool set
 
@@ -47,9 +50,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stable_prefix.addons import normalize
-from stable_prefix.addons.lanes import SESSION_ID_HEADER, LaneNames, LaneSignature, header, lane_group, lane_signature
-from stable_prefix.addons.normalize import GIT_STATUS, LOADED_TOOLS, RULE_LABEL, SYSTEM_MESSAGES, TOOL_ORDER, Api, Change, Rules
+from stable_prefix.addons import normalize, responses_input
+from stable_prefix.addons.lanes import LaneNames, LaneSignature, lane_group, lane_signature, session_id
+from stable_prefix.addons.normalize import (
+    CONVERSATION_KEY,
+    GIT_STATUS,
+    HOISTED_ROLES,
+    LOADED_TOOLS,
+    RULE_LABEL,
+    SYSTEM_MESSAGES,
+    TOOL_ORDER,
+    Api,
+    Change,
+    Rules,
+)
 from stable_prefix.addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
 
 ENVIRONMENT = "environment"
@@ -57,7 +71,10 @@ COMPACTION = "compaction"
 HISTORY_EDITED = "history edited"
 NEW_CONVERSATION = "new conversation"
 NEW_TASK = "new task"
+SERVER_HISTORY = "history held by the server"
 UNEXPLAINED = "unexplained"
+# The prompt-order segment naming a stored response whose history the proxy did not see.
+PREVIOUS_RESPONSE = "previous_response_id"
 # How many earlier requests (all lanes) a first request or a break is compared
 # with for cross-conversation reuse. Each is held as its prompt order (about
 # the size of the request body), so memory stays bounded: ~32 bodies.
@@ -72,14 +89,14 @@ class PromptSnapshot:
     api: Api
     order: PromptOrder
     signature: LaneSignature
-    session: str | None = None  # `x-claude-code-session-id`
+    session: str | None = None  # `lanes.session_id`: Claude Code's or Codex's conversation id
     empty_system_message: bool = False  # what Claude Code 2.1.3xx sends after /compact
 
     @classmethod
     def of(cls, body: dict, api: Api, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
-        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        messages = normalize.conversation(body, api) or []
         empty = any(isinstance(m, dict) and m.get("role") == "system" and m.get("content") in ("", []) for m in messages)
-        return cls(api, prompt_order(body, api), lane_signature(body, api, headers), header(headers, SESSION_ID_HEADER), empty)
+        return cls(api, prompt_order(body, api), lane_signature(body, api, headers), session_id(headers), empty)
 
 
 @dataclass(frozen=True)
@@ -184,19 +201,20 @@ def untouched_segments(client: PromptSnapshot, changes: list[Change]) -> dict[st
     Conservative: a change anywhere in `system` or `tools` counts for all of
     it (blocks may have been removed or reordered); on the OpenAI path a
     change to any message counts for all messages (one may have been
-    removed); moving initial context shifts every message up to the last one
-    moved."""
-    touched = {change.path.split("[", 1)[0].split(".", 1)[0] for change in changes if not change.path.startswith("messages[")}
-    touched_messages = {_path_index(change.path) for change in changes if change.path.startswith("messages[")}
+    removed, and on the Responses path too); moving initial context shifts
+    every message up to the last one moved."""
+    key = CONVERSATION_KEY[client.api]
+    touched = {change.path.split("[", 1)[0].split(".", 1)[0] for change in changes if not change.path.startswith(f"{key}[")}
+    touched_messages = {_path_index(change.path) for change in changes if change.path.startswith(f"{key}[")}
     moved = [_path_index(change.path) for change in changes if change.rule == normalize.INITIAL_CONTEXT]
     if moved:
         touched_messages |= set(range(max(moved) + 1))
-    if client.api == "openai" and touched_messages:
-        touched.add("messages")
+    if client.api != "anthropic" and touched_messages:
+        touched.add(key)
 
     def untouched(path: str) -> bool:
         top = path.split("[", 1)[0]
-        return top not in touched and not (top == "messages" and _path_index(path) in touched_messages)
+        return top not in touched and not (top == key and "[" in path and _path_index(path) in touched_messages)
 
     return {segment.path: segment for segment in client.order.segments if untouched(segment.path)}
 
@@ -249,25 +267,27 @@ def _body_of(order: PromptOrder) -> dict:
 
 
 def _message_index(segment: Segment) -> int | None:
-    return _path_index(segment.path) if segment.path.startswith("messages[") else None
+    """The index of a message (Responses: input item) segment, else None."""
+    return _path_index(segment.path) if segment.path.startswith(("messages[", "input[")) else None
 
 
 def _is_mid_conversation_system_message(order: PromptOrder, segment: Segment, api: Api) -> bool:
     """A system message the system_messages rule rewrites: any inside an
-    Anthropic `messages`; on the OpenAI path only those after the first
-    non-system message (the leading ones are the system prompt itself)."""
+    Anthropic `messages`; on the OpenAI and Responses paths only those after
+    the first non-system message (the leading ones are the system prompt
+    itself). Responses' `developer` items count as system messages."""
     index = _message_index(segment)
-    if index is None or not (isinstance(segment.value, dict) and segment.value.get("role") == "system"):
+    if index is None or not (isinstance(segment.value, dict) and segment.value.get("role") in HOISTED_ROLES[api]):
         return False
     if api == "anthropic":
         return True
-    conversation = [_message_index(s) for s in order.segments if _message_index(s) is not None and s.value.get("role") not in ("system", "developer")]
+    conversation = [_message_index(s) for s in order.segments if _message_index(s) is not None and not _is_system_text(s)]
     return bool(conversation) and index > min(conversation)
 
 
 def _is_system_text(segment: Segment) -> bool:
     value = segment.value
-    return segment.path.startswith("system") or (isinstance(value, dict) and value.get("role") in ("system", "developer"))
+    return segment.path.startswith(("system", "instructions")) or (isinstance(value, dict) and value.get("role") in responses_input.SYSTEM_ROLES)
 
 
 def _tool_names(order: PromptOrder) -> list[str]:
@@ -285,7 +305,7 @@ def _restarts_conversation(previous: PromptOrder, divergence: Divergence) -> boo
     """The break lies in the conversation, before the previous request's
     first assistant message: the conversation began anew."""
     segments = previous.segments
-    first_assistant = next((i for i, s in enumerate(segments) if isinstance(s.value, dict) and s.value.get("role") == "assistant"), len(segments))
+    first_assistant = next((i for i, s in enumerate(segments) if responses_input.is_model_output(s.value)), len(segments))
     return _in_conversation(previous, divergence) and divergence.segment_index <= first_assistant
 
 
@@ -404,6 +424,8 @@ class PrefixDiagnosis:
     def _cause(self, lane: str, state: LaneState, client: PromptSnapshot, forwarded: PromptOrder, divergence: Divergence, explained_by: str | None) -> str:
         if explained_by:
             return rule_note(explained_by, applied=False)
+        if any(order.segments[divergence.segment_index].path == PREVIOUS_RESPONSE for order in (state.forwarded, forwarded) if divergence.segment_index < len(order.segments)):
+            return SERVER_HISTORY
         if any(normalize.is_environment_line(line) for line in _changed_lines(state.forwarded, forwarded, divergence)):
             return ENVIRONMENT
         if client.empty_system_message and not state.empty_system_message:

@@ -16,6 +16,11 @@ and its break shows. A request that names its subagent instance (Claude Code
 concurrently) gets a lane of its own, `<type lane>@<instance>`, grouped under
 its type's lane for reporting.
 
+A conversation is named by a header where the agent sends one: Claude Code's
+`x-claude-code-session-id`, Codex CLI's `session-id` (the same for every turn
+of a `codex exec` and its `codex exec resume`, a new one per `codex exec`).
+The diagnosis tells a new conversation from a compaction by it.
+
 Names, assigned in order of first appearance:
   main          requests with tools that can start sub-agents (`Task`/`Agent`),
                 or the first lane with tools when none can; `main-<hash>` for
@@ -39,7 +44,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stable_prefix.addons.normalize import Api, deferred_tool_names, git_status_start, is_billing_line, is_date_line, system_texts, tool_names
+from stable_prefix.addons.normalize import (
+    Api,
+    conversation,
+    deferred_tool_names,
+    git_status_start,
+    is_billing_line,
+    is_date_line,
+    system_texts,
+    tool_names,
+)
 from stable_prefix.addons.prompt_order import canonical_json, canonical_value
 
 OPENING_CHARS = 256
@@ -47,6 +61,9 @@ INSTANCE_CHARS = 8
 AGENT_TOOLS = frozenset({"Task", "Agent"})
 AGENT_ID_HEADER = "x-claude-code-agent-id"
 SESSION_ID_HEADER = "x-claude-code-session-id"
+CODEX_SESSION_ID_HEADER = "session-id"
+# The first one a request carries names its conversation.
+SESSION_ID_HEADERS = (SESSION_ID_HEADER, CODEX_SESSION_ID_HEADER)
 _SUBAGENT_FIELD = re.compile(r"\bcc_is_subagent=true\b")
 _TITLE = re.compile(r"\btitle\b", re.IGNORECASE)
 
@@ -84,6 +101,11 @@ def header(headers: Mapping[str, str] | None, name: str) -> str | None:
     if value is None and isinstance(headers, dict):
         value = next((v for k, v in headers.items() if k.lower() == name), None)
     return value or None
+
+
+def session_id(headers: Mapping[str, str] | None) -> str | None:
+    """The agent's name for the conversation a request belongs to, if it sends one."""
+    return next((value for value in (header(headers, name) for name in SESSION_ID_HEADERS) if value), None)
 
 
 def lane_group(lane: str) -> str:
@@ -128,15 +150,15 @@ def routing_key(body: dict, api: Api) -> str:
     and a router can spread them over its replicas while each lane stays where
     its cache is.
     """
-    head = [system_texts(body, api), canonical_value(body.get("tools") or []), _leading_context(body)]
+    head = [system_texts(body, api), canonical_value(body.get("tools") or []), _leading_context(body, api)]
     return hashlib.sha256(canonical_json(head)).hexdigest()[:32]
 
 
-def _leading_context(body: dict) -> list:
+def _leading_context(body: dict, api: Api) -> list:
     """The messages before the conversation proper: user messages whose every
     text is a `<system-reminder>`, up to the first other message."""
     leading = []
-    for message in body.get("messages") or []:
+    for message in conversation(body, api) or []:
         if not isinstance(message, dict) or message.get("role") != "user":
             break
         content = message.get("content")

@@ -1,11 +1,14 @@
-"""What is volatile in a Claude Code request, and how it is made stable.
+"""What is volatile in an agent's request, and how it is made stable.
 
 This module is the single owner of that definition. The proxy addon
 (`strip_billing.py`), the prefix diagnosis (`diagnosis.py`) and the captures
 CLI (`python -m stable_prefix.captures diff --normalized`) all call these functions.
 
 Every rule is a plain function over a parsed request body (a dict) that edits
-it in place and returns the `Change`s it made. The line predicates
+it in place and returns the `Change`s it made. Three APIs: Anthropic messages
+(`system`, `messages`), OpenAI chat completions (leading system messages in
+`messages`) and the Responses API (`instructions`, leading developer/system
+items in `input`; its item vocabulary is `responses_input.py`). The line predicates
 (`rule_for_line`) are how the diagnosis asks "which rule explains this
 divergence?" of a body the rule was never applied to.
 
@@ -28,7 +31,9 @@ Rules that keep the prompt prefix stable:
                    messages wrapped in <system-reminder>, because vllm-mlx
                    hoists system messages to the front of the prompt: a new
                    one at the tail would otherwise change the prefix. Empty
-                   ones too.
+                   ones too. On the Responses path `developer` items as well
+                   (Codex appends one when the sandbox or approval policy
+                   of a conversation changes).
   loaded_tools     a deferred tool (`defer_loading`) that a `tool_reference`
                    in a tool result loaded (ToolSearch) is taken out of
                    `tools` and its schema written into that tool result as
@@ -51,10 +56,19 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Api = Literal["anthropic", "openai"]
+from stable_prefix.addons import responses_input
+from stable_prefix.addons.responses_input import RESPONSES_PATH, TEXT_PART_TYPES
+
+Api = Literal["anthropic", "openai", "responses"]
 
 ANTHROPIC_MESSAGES_PATH = "/v1/messages"
 OPENAI_CHAT_PATH = "/v1/chat/completions"
+# Where each API keeps its conversation.
+CONVERSATION_KEY = {"anthropic": "messages", "openai": "messages", "responses": "input"}
+# The text block type a rule writes into a message it builds.
+TEXT_TYPE = {"anthropic": "text", "openai": "text", "responses": responses_input.INPUT_TEXT}
+# The roles the server hoists to the front of the prompt, wherever they sit.
+HOISTED_ROLES = {"anthropic": frozenset({"system"}), "openai": frozenset({"system"}), "responses": responses_input.SYSTEM_ROLES}
 
 # Rule names: these appear in logs, in `Change.rule` and as `explained_by`.
 BILLING_HEADER = "billing_header"
@@ -95,7 +109,9 @@ _GIT_STATUS_LINE = re.compile(r"^[ \t]*gitStatus:", re.MULTILINE)
 _ENVIRONMENT_LINE = re.compile(
     r"^[ \t]*(?:-[ \t]*)?(?:Today's date\b|(?:Primary )?working directory\b|Platform:|OS Version:|Shell:"
     r"|Is (?:a git repository|directory a git repo)\b)"
-    r"|\bmodel (?:named|ID)\b|\bpowered by the model\b",
+    r"|\bmodel (?:named|ID)\b|\bpowered by the model\b"
+    # Codex's <environment_context> message
+    r"|^[ \t]*<(?:cwd|current_date|timezone|shell)>",
     re.IGNORECASE,
 )
 SYSTEM_REMINDER_OPEN = "<system-reminder>\n"
@@ -151,7 +167,8 @@ def api_for(method: str, path: str) -> Api | None:
     """Which API a request speaks, or None when the addon must leave it alone.
 
     Claude Code appends `?beta=true`; a reverse proxy may sit under a prefix
-    such as `/anthropic/v1/messages`. `/v1/messages/count_tokens` is not ours.
+    such as `/anthropic/v1/messages`. `/v1/messages/count_tokens` is not ours,
+    nor `/v1/responses/input_tokens` or `/v1/responses/{id}/cancel`.
     """
     if method.upper() != "POST":
         return None
@@ -160,7 +177,33 @@ def api_for(method: str, path: str) -> Api | None:
         return "anthropic"
     if route.endswith(OPENAI_CHAT_PATH):
         return "openai"
+    if route.endswith(RESPONSES_PATH):
+        return "responses"
     return None
+
+
+def conversation(body: dict, api: Api) -> list | None:
+    """The list of messages (items, on the Responses path), or None."""
+    value = body.get(CONVERSATION_KEY[api])
+    return value if isinstance(value, list) else None
+
+
+def _is_message(item: Any, api: Api) -> bool:
+    return responses_input.is_message(item) if api == "responses" else isinstance(item, dict)
+
+
+def _leading_count(body: dict, api: Api, roles: frozenset[str]) -> int:
+    """How many messages at the start are the system prompt proper (OpenAI's
+    leading system messages, Responses' leading developer/system items). On
+    the Responses path a request that continues a stored response
+    (`previous_response_id`) has none: the server puts the history first."""
+    messages = conversation(body, api)
+    if api == "anthropic" or messages is None or (api == "responses" and body.get("previous_response_id")):
+        return 0
+    count = 0
+    while count < len(messages) and _is_message(messages[count], api) and messages[count].get("role") in roles:
+        count += 1
+    return count
 
 
 def is_billing_line(line: str) -> bool:
@@ -219,7 +262,8 @@ def _drop_lines(text: str, is_volatile) -> tuple[str, int]:
 
 
 def _is_text_block(item: Any) -> bool:
-    return isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str)
+    """A text block (Anthropic, OpenAI) or text part (Responses: input_text, output_text)."""
+    return isinstance(item, dict) and item.get("type") in TEXT_PART_TYPES and isinstance(item.get("text"), str)
 
 
 def _system_text_places(body: dict, api: Api):
@@ -227,6 +271,7 @@ def _system_text_places(body: dict, api: Api):
 
     Anthropic: `system` as a string or each text block of the `system` list.
     OpenAI: the content (string or text parts) of each leading system message.
+    Responses: `instructions`, then the leading developer/system items.
     Message content of user/assistant/tool turns is never yielded.
     """
     if api == "anthropic":
@@ -238,19 +283,19 @@ def _system_text_places(body: dict, api: Api):
                 if _is_text_block(block):
                     yield f"system[{index}]", block, "text"
         return
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
-            break  # only the leading system messages form the system prompt
+    if api == "responses" and isinstance(body.get("instructions"), str):
+        yield "instructions", body, "instructions"
+    messages, key = conversation(body, api), CONVERSATION_KEY[api]
+    # only the leading system messages form the system prompt
+    for index in range(_leading_count(body, api, responses_input.SYSTEM_ROLES)):
+        message = messages[index]
         content = message.get("content")
         if isinstance(content, str):
-            yield f"messages[{index}].content", message, "content"
+            yield f"{key}[{index}].content", message, "content"
         elif isinstance(content, list):
             for part_index, part in enumerate(content):
                 if _is_text_block(part):
-                    yield f"messages[{index}].content[{part_index}]", part, "text"
+                    yield f"{key}[{index}].content[{part_index}]", part, "text"
 
 
 def system_texts(body: dict, api: Api) -> list[str]:
@@ -289,16 +334,21 @@ def _remove_emptied(body: dict, api: Api, emptied: list[tuple[str, Any, str]]) -
         if not body["system"]:
             del body["system"]
         return
-    # OpenAI: a text part left empty goes; a system message left empty goes.
+    if any(container is body for _, container, _ in emptied):  # Responses: `instructions` left empty
+        del body["instructions"]
+    # OpenAI, Responses: a text part left empty goes; a system message left empty goes.
     gone = {id(container) for _, container, _ in emptied}
-    for message in body["messages"]:
+    key = CONVERSATION_KEY[api]
+    if not isinstance(body.get(key), list):
+        return
+    for message in body[key]:
         if isinstance(message, dict) and isinstance(message.get("content"), list):
             parts = [part for part in message["content"] if id(part) not in gone]
             if len(parts) < len(message["content"]):
                 message["content"] = parts
                 if not parts:
                     gone.add(id(message))
-    body["messages"] = [message for message in body["messages"] if id(message) not in gone]
+    body[key] = [message for message in body[key] if id(message) not in gone]
 
 
 # --- the rules ----------------------------------------------------------------
@@ -315,7 +365,7 @@ def drop_date_line(body: dict, api: Api) -> list[Change]:
     return _drop_system_lines(body, api, DATE_LINE, is_date_line, "date")
 
 
-def _wrap_reminder(content: Any) -> Any | None:
+def _wrap_reminder(content: Any, text_type: str = "text") -> Any | None:
     """The user-message content for a system message's content, or None when
     it has a shape we do not know how to wrap (then it is left alone)."""
     if isinstance(content, str):
@@ -323,7 +373,7 @@ def _wrap_reminder(content: Any) -> Any | None:
             return content
         return SYSTEM_REMINDER_OPEN + content + SYSTEM_REMINDER_CLOSE
     if content == []:  # Claude Code sends `[]` after /compact; empty is still a system message to hoist
-        return [{"type": "text", "text": SYSTEM_REMINDER_OPEN + SYSTEM_REMINDER_CLOSE}]
+        return [{"type": text_type, "text": SYSTEM_REMINDER_OPEN + SYSTEM_REMINDER_CLOSE}]
     if isinstance(content, list) and content and all(_is_text_block(block) for block in content):
         # Keep the blocks (and their cache_control); wrap around all of them.
         blocks = [dict(block) for block in content]
@@ -335,30 +385,26 @@ def _wrap_reminder(content: Any) -> Any | None:
 
 
 def rewrite_system_messages(body: dict, api: Api) -> list[Change]:
-    """Turn `role:"system"` items inside `messages` into user messages.
+    """Turn `role:"system"` items inside `messages` into user messages (on the
+    Responses path `developer` items too: the server hoists both).
 
     Each rewrite looks at that one message only, so `messages[i]` comes out
-    the same on every later turn. On the OpenAI path the leading system
-    messages are the system prompt proper and stay.
+    the same on every later turn. On the OpenAI and Responses paths the
+    leading system messages are the system prompt proper and stay.
     """
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    messages = conversation(body, api)
+    if messages is None:
         return []
+    roles = HOISTED_ROLES[api]
     changes = []
-    in_leading_system = api == "openai"
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            in_leading_system = False
+    for index in range(_leading_count(body, api, roles), len(messages)):
+        message = messages[index]
+        if not _is_message(message, api) or message.get("role") not in roles:
             continue
-        if message.get("role") != "system":
-            in_leading_system = False
-            continue
-        if in_leading_system:
-            continue
-        wrapped = _wrap_reminder(message.get("content"))
+        wrapped = _wrap_reminder(message.get("content"), TEXT_TYPE[api])
         if wrapped is None:
             continue
-        changes.append(Change(SYSTEM_MESSAGES, f"messages[{index}]", "system message rewritten as user <system-reminder>"))
+        changes.append(Change(SYSTEM_MESSAGES, f"{CONVERSATION_KEY[api]}[{index}]", f"{message['role']} message rewritten as user <system-reminder>"))
         message["role"] = "user"
         message["content"] = wrapped
     return changes
@@ -368,11 +414,11 @@ def _first_user_index(messages: list) -> int | None:
     return next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
 
 
-def _as_blocks(content: Any) -> list | None:
+def _as_blocks(content: Any, text_type: str = "text") -> list | None:
     """Message content as a list of blocks (a string is one text block), or
     None for a shape we do not touch."""
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
+        return [{"type": text_type, "text": content}]
     return list(content) if isinstance(content, list) else None
 
 
@@ -384,8 +430,8 @@ def relocate_git_status(body: dict, api: Api) -> list[Change]:
     text block. The first user message becomes a list of blocks (a string is
     its one text block), so the bytes are the same whether Claude Code sends
     that message as a list or, on later turns, as a string."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    messages = conversation(body, api)
+    if messages is None:
         return []
     first_user = _first_user_index(messages)
     if first_user is None or _as_blocks(messages[first_user].get("content")) is None:
@@ -406,35 +452,33 @@ def relocate_git_status(body: dict, api: Api) -> list[Change]:
     if not paragraphs:
         return []
     _remove_emptied(body, api, emptied)
-    messages = body["messages"]  # the OpenAI path may have lost an emptied system message
+    messages = conversation(body, api)  # the OpenAI path may have lost an emptied system message
     first_user = _first_user_index(messages)
-    reminders = [{"type": "text", "text": SYSTEM_REMINDER_OPEN + paragraph + SYSTEM_REMINDER_CLOSE} for paragraph in paragraphs]
-    messages[first_user] = {**messages[first_user], "content": reminders + _as_blocks(messages[first_user]["content"])}
-    return changes + [Change(GIT_STATUS, f"messages[{first_user}]", "git status paragraph put first, in a <system-reminder>")]
+    text_type = TEXT_TYPE[api]
+    reminders = [{"type": text_type, "text": SYSTEM_REMINDER_OPEN + paragraph + SYSTEM_REMINDER_CLOSE} for paragraph in paragraphs]
+    messages[first_user] = {**messages[first_user], "content": reminders + _as_blocks(messages[first_user]["content"], text_type)}
+    return changes + [Change(GIT_STATUS, f"{CONVERSATION_KEY[api]}[{first_user}]", "git status paragraph put first, in a <system-reminder>")]
 
 
 def lead_with_stable_context(body: dict, api: Api) -> list[Change]:
     """Move the `role:"system"` messages found before any assistant message
     (initial context), rewritten as user <system-reminder> messages, to just
     before the first user message, in their order. Those appended later stay
-    where they are (`rewrite_system_messages`). On the OpenAI path the leading
-    system messages are the system prompt and stay."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    where they are (`rewrite_system_messages`). On the OpenAI and Responses
+    paths the leading system messages are the system prompt and stay."""
+    messages = conversation(body, api)
+    if messages is None:
         return []
     first_user = _first_user_index(messages)
     if first_user is None:
         return []
-    first_assistant = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"), len(messages))
-    leading = 0
-    if api == "openai":
-        while leading < len(messages) and _is_system_role(messages[leading]):
-            leading += 1
+    first_assistant = next((i for i, m in enumerate(messages) if _is_model_output(m, api)), len(messages))
+    roles = HOISTED_ROLES[api]
     moved: list[tuple[int, dict]] = []
-    for index in range(leading, first_assistant):
+    for index in range(_leading_count(body, api, responses_input.SYSTEM_ROLES), first_assistant):
         message = messages[index]
-        if isinstance(message, dict) and message.get("role") == "system":
-            wrapped = _wrap_reminder(message.get("content"))
+        if _is_message(message, api) and message.get("role") in roles:
+            wrapped = _wrap_reminder(message.get("content"), TEXT_TYPE[api])
             if wrapped is not None:
                 moved.append((index, {**message, "role": "user", "content": wrapped}))
     if not moved:
@@ -442,13 +486,16 @@ def lead_with_stable_context(body: dict, api: Api) -> list[Change]:
     moved_indexes = {index for index, _ in moved}
     rest = [message for index, message in enumerate(messages) if index not in moved_indexes]
     insert_at = _first_user_index(rest)
-    body["messages"] = rest[:insert_at] + [message for _, message in moved] + rest[insert_at:]
+    key = CONVERSATION_KEY[api]
+    body[key] = rest[:insert_at] + [message for _, message in moved] + rest[insert_at:]
     detail = "initial system message moved before the first user message, as user <system-reminder>"
-    return [Change(INITIAL_CONTEXT, f"messages[{index}]", detail) for index, _ in moved]
+    return [Change(INITIAL_CONTEXT, f"{key}[{index}]", detail) for index, _ in moved]
 
 
-def _is_system_role(message: Any) -> bool:
-    return isinstance(message, dict) and message.get("role") in ("system", "developer")
+def _is_model_output(message: Any, api: Api) -> bool:
+    if api == "responses":
+        return responses_input.is_model_output(message)
+    return isinstance(message, dict) and message.get("role") == "assistant"
 
 
 # --- loaded (deferred) tools ----------------------------------------------------
@@ -463,9 +510,10 @@ def _tool_reference_name(block: Any) -> str | None:
 def _tool_results(body: dict, api: Api):
     """Yield (message index, holder, key) for the content of every tool
     result: Anthropic `tool_result` blocks of user messages, OpenAI
-    `role:"tool"` messages."""
+    `role:"tool"` messages. (None on the Responses path: no tool there loads
+    a `tool_reference`.)"""
     messages = body.get("messages")
-    if not isinstance(messages, list):
+    if api == "responses" or not isinstance(messages, list):
         return
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -670,7 +718,7 @@ def map_model(body: dict, model_map: tuple[tuple[str, str], ...]) -> list[Change
 
 def cap_max_tokens(body: dict, cap: int) -> list[Change]:
     changes = []
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             changes.append(Change(MAX_TOKENS, key, f"{value} -> {cap}"))

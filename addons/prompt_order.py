@@ -5,11 +5,16 @@ are unchanged, so "how stable is the prefix" must be measured in the order the
 prompt is rendered, not in the order JSON keys happen to be sent:
 
   1. the system text: the `system` string or each `system` text block
-     (Anthropic), the leading system messages (OpenAI), then any `role:system`
-     message found inside `messages`, because vllm-mlx hoists those to the
-     front (that is the very break the system_messages rule removes);
+     (Anthropic), the leading system messages (OpenAI), `instructions`
+     (Responses), then any `role:system` (or `developer`) message found inside
+     `messages` or `input`, because vllm-mlx hoists those to the front (that is
+     the very break the system_messages rule removes);
   2. the tool definitions, in the order given;
-  3. the other messages, in order.
+  3. the other messages (Responses: input items), in order. A Responses
+     request that continues a stored response names it first
+     (`previous_response_id`): the server puts that response's history there,
+     which the request does not hold (the proxy resolves it when it saw that
+     response, `response_chains.py`).
 
 Each piece is a `Segment` with its JSON path in the request body. Segments are
 serialized deterministically (canonical JSON: sorted keys, no spaces, UTF-8),
@@ -17,6 +22,9 @@ each followed by a newline, as the model reads them (`canonical_value`): every
 `cache_control` marker left out, and a content list of one plain text block
 taken as its text. Claude Code moves the marker to the newest turn every time,
 and flattens the message it leaves; neither changes what the model reads.
+Responses items are read without their `id` and `status`
+(`responses_input.rendered`): Codex gives the same instructions a new id in
+every conversation, and no server renders it.
 
 The diagnosis and the captures CLI both compare two requests with `compare()`.
 """
@@ -27,7 +35,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from stable_prefix.addons import responses_input
 from stable_prefix.addons.normalize import Api
+from stable_prefix.addons.responses_input import TEXT_PART_TYPES
 
 SEGMENT_END = b"\n"
 
@@ -107,7 +117,7 @@ def canonical_value(value: Any) -> Any:
 
 
 def _is_plain_text_block(item: Any) -> bool:
-    return isinstance(item, dict) and item.keys() == {"type", "text"} and item["type"] == "text" and isinstance(item["text"], str)
+    return isinstance(item, dict) and item.keys() == {"type", "text"} and item["type"] in TEXT_PART_TYPES and isinstance(item["text"], str)
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
@@ -155,6 +165,8 @@ def prompt_order(body: dict, api: Api, reuse: dict[str, Segment] | None = None) 
     def segment(path: str, value: Any, system: bool = False) -> Segment:
         return reuse.get(path) or _segment(path, value, system=system)
 
+    if api == "responses":
+        return _responses_prompt_order(body, segment)
     system: list[Segment] = []
     if api == "anthropic":
         value = body.get("system")
@@ -167,6 +179,26 @@ def prompt_order(body: dict, api: Api, reuse: dict[str, Segment] | None = None) 
     tools = body.get("tools") if isinstance(body.get("tools"), list) else []
     tool_segments = [segment(f"tools[{index}]", tool) for index, tool in enumerate(tools)]
     conversation = [segment(f"messages[{i}]", m) for i, m in enumerate(messages) if not _is_system_message(m)]
+    return PromptOrder(tuple(system + tool_segments + conversation))
+
+
+def _responses_prompt_order(body: dict, segment) -> PromptOrder:
+    """`instructions` and every developer/system item (vllm-mlx merges them
+    into one system message in front), the tools, then the other items; an
+    input string is one user message. Empty instructions are not rendered."""
+    system: list[Segment] = []
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
+        system.append(segment("instructions", body["instructions"], system=True))
+    items = responses_input.items(body) or []
+    system += [segment(f"input[{i}]", responses_input.rendered(item), system=True) for i, item in enumerate(items) if responses_input.is_system_message(item)]
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    tool_segments = [segment(f"tools[{index}]", tool) for index, tool in enumerate(tools)]
+    conversation = []
+    if isinstance(body.get("previous_response_id"), str):
+        conversation.append(segment("previous_response_id", body["previous_response_id"]))
+    if isinstance(body.get("input"), str):  # read as the user message it is, as when a later request holds it as an item
+        conversation.append(segment("input", responses_input.as_items(body["input"])[0]))
+    conversation += [segment(f"input[{i}]", responses_input.rendered(item)) for i, item in enumerate(items) if not responses_input.is_system_message(item)]
     return PromptOrder(tuple(system + tool_segments + conversation))
 
 

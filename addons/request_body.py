@@ -4,7 +4,10 @@ rules applied to a whole request (`normalize_request`).
 The rule for everything that is not clearly ours: forward it byte for byte.
 `read_json_body` says why a request is left alone; only a body that was
 actually changed is written back (`write_json_body`), re-encoded with the
-request's own content-encoding and with a correct content-length.
+request's own content-encoding and with a correct content-length. A Responses
+body whose `input` is neither a string nor a list is left alone too; items of
+a type no rule reads stay as they are, and each such type is named once in the
+log (`UnreadItems`), not on every request.
 
 (This lives here, not in the script `strip_billing.py`: mitmproxy loads
 scripts without registering them in sys.modules, where dataclasses look.)
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from mitmproxy import http
 
-from stable_prefix.addons import normalize
+from stable_prefix.addons import normalize, responses_input
 from stable_prefix.addons.diagnosis import PromptSnapshot
 from stable_prefix.addons.normalize import Api, api_for
 
@@ -69,6 +72,27 @@ def read_json_body(request: http.Request) -> dict | LeftAlone:
     return body
 
 
+def unreadable_shape(body: dict, api: Api) -> LeftAlone | None:
+    """Why a parsed body of this API is not one the rules can read, or None."""
+    if api == "responses" and not isinstance(body.get("input"), (str, list)):
+        kind = "missing" if "input" not in body else f"a JSON {type(body['input']).__name__}"
+        return LeftAlone(f"Responses body whose input is {kind}, not a string or a list of items", True)
+    return None
+
+
+class UnreadItems:
+    """Names each Responses item type no rule reads once, the first time a request carries it."""
+
+    def __init__(self) -> None:
+        self.reported: set[str] = set()
+
+    def note(self, request: http.Request, body: dict) -> None:
+        for kind in sorted(responses_input.unread_item_types(body) - self.reported):
+            self.reported.add(kind)
+            logger.info(f"{request.method} {request.path}: input items of type {kind!r} are not read by any rule; "
+                        "they are forwarded as they are (logged once)")
+
+
 def encode_json(body: dict) -> bytes:
     # Compact, non-ASCII kept as is: the way Claude Code (JSON.stringify) sends it.
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
@@ -93,17 +117,21 @@ class NormalizedRequest:
         return PromptSnapshot.of(json.loads(self.client_body), self.api, headers)
 
 
-def normalize_request(request: http.Request, rules: normalize.Rules) -> NormalizedRequest | None:
+def normalize_request(request: http.Request, rules: normalize.Rules, unread: UnreadItems | None = None) -> NormalizedRequest | None:
     """Apply the rules to a request in place; None (request untouched) when it
     is not ours or its body cannot be read, which is logged when unexpected."""
     api = api_of(request)
     if api is None:
         return None
     body = read_json_body(request)
+    if not isinstance(body, LeftAlone):
+        body = unreadable_shape(body, api) or body
     if isinstance(body, LeftAlone):
         if body.worth_a_warning:
             logger.warning(f"{request.method} {request.path}: {body.reason}; passed through unchanged")
         return None
+    if unread is not None and api == "responses":
+        unread.note(request, body)
     client_body = request.get_content()
     changes = normalize.normalize(body, api, rules)
     if changes:

@@ -9,7 +9,11 @@ bytes, so an addon that leaves an event alone can send exactly what it received.
 everywhere (capture, the bench's replay, test clients and recorders): the first
 event that holds generated output, not the message opening that servers send
 before they prefill. `EventStream` follows one response's events with it and
-with `merge_usage`.
+with `merge_usage`. Three protocols: Anthropic messages, OpenAI chat
+completions, and the Responses API, whose events are typed `response.*`
+(`response.created` and `response.in_progress` come before the prefill, each
+`….delta` carries output, `response.completed` holds the whole response: its
+id, output items and usage).
 """
 
 from __future__ import annotations
@@ -87,14 +91,21 @@ class SSEParser:
         return rest
 
 
+# Responses events that end a response; each holds the whole response object.
+RESPONSE_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
 def carries_output(payload: Any) -> bool:
     """Whether an event holds generated output: an Anthropic `content_block_delta`
-    (text, tool input or thinking), or an OpenAI chunk with content, tool calls or
-    reasoning. `message_start` / a role-only first chunk do not: vllm-mlx sends them
-    before it prefills. The first event that does marks the time to first token."""
+    (text, tool input or thinking), an OpenAI chunk with content, tool calls or
+    reasoning, or a Responses `response.….delta` (text, call arguments,
+    reasoning). `message_start` / a role-only first chunk / `response.created`
+    do not: vllm-mlx sends them before it prefills. The first event that does
+    marks the time to first token."""
     if not isinstance(payload, dict):
         return False
-    if payload.get("type") == "content_block_delta":
+    kind = payload.get("type")
+    if kind == "content_block_delta" or (isinstance(kind, str) and kind.startswith("response.") and kind.endswith(".delta") and payload.get("delta")):
         return True
     choices = payload.get("choices")
     return isinstance(choices, list) and any(
@@ -106,27 +117,43 @@ def carries_output(payload: Any) -> bool:
 def merge_usage(usage: dict, payload: Any) -> None:
     """Fold the usage found in one JSON payload (an SSE event or a whole
     response) into `usage`: Anthropic sends it in message_start and
-    message_delta, OpenAI in the last chunk or the response."""
+    message_delta, OpenAI in the last chunk or the response, the Responses
+    API in the response object (the last event's `response`)."""
     if not isinstance(payload, dict):
         return
     found = payload.get("usage")
     if payload.get("type") == "message_start" and isinstance(payload.get("message"), dict):
         found = payload["message"].get("usage")
+    if payload.get("type") in RESPONSE_FINAL_EVENTS and isinstance(payload.get("response"), dict):
+        found = payload["response"].get("usage")
     if isinstance(found, dict):
         usage.update({key: value for key, value in found.items() if value is not None})
 
 
 def error_in(payload: Any) -> Any | None:
-    """The error an event reports (Anthropic `{"type": "error", "error": ...}`, OpenAI `{"error": ...}`), or None."""
-    if isinstance(payload, dict) and (payload.get("type") == "error" or "error" in payload):
-        return payload.get("error")
+    """The error an event reports (Anthropic `{"type": "error", "error": ...}`, OpenAI `{"error": ...}`,
+    Responses `response.failed` with its response's error), or None."""
+    if not isinstance(payload, dict):
+        return None
+    if payload.get("type") == "response.failed" and isinstance(payload.get("response"), dict):
+        return payload["response"].get("error") or "response.failed"
+    if payload.get("type") == "error" or payload.get("error") is not None:
+        return payload.get("error", payload)
+    return None
+
+
+def final_response(payload: Any) -> dict | None:
+    """The response object a Responses stream ends with (`response.completed` and
+    its kin), or None for any other event."""
+    if isinstance(payload, dict) and payload.get("type") in RESPONSE_FINAL_EVENTS and isinstance(payload.get("response"), dict):
+        return payload["response"]
     return None
 
 
 class EventStream:
     """One response's events as they arrive: the usage they report, when the first
-    one carrying output arrived (`first_output_at`, on `clock`), and the first
-    error event's error."""
+    one carrying output arrived (`first_output_at`, on `clock`), the first
+    error event's error, and a Responses stream's final response object."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
@@ -134,6 +161,7 @@ class EventStream:
         self.usage: dict = {}
         self.first_output_at: float | None = None
         self.error: Any | None = None
+        self.response: dict | None = None
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         events = self.parser.feed(chunk)
@@ -144,4 +172,5 @@ class EventStream:
                 self.first_output_at = self.clock()
             if self.error is None:
                 self.error = error_in(payload)
+            self.response = final_response(payload) or self.response
         return events

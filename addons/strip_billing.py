@@ -3,15 +3,19 @@
     mitmdump -s addons/strip_billing.py --mode reverse:http://127.0.0.1:8000 --listen-host 127.0.0.1 -p 8080 \\
         --set upstream_model=<served model name> --set max_tokens_cap=8192
 
-For `POST /v1/messages` and `POST /v1/chat/completions` it applies the rules of
-`normalize.py` (billing header out, git status and initial context moved behind
-the tools, system messages rewritten, loaded tools inlined, model name mapped,
-max_tokens capped), and puts a one-line prefix diagnosis per
+For `POST /v1/messages`, `POST /v1/chat/completions` and `POST /v1/responses`
+it applies the rules of `normalize.py` (billing header out, git status and
+initial context moved behind the tools, system and developer messages
+rewritten, loaded tools inlined, model name mapped, max_tokens capped), and
+puts a one-line prefix diagnosis per
 request into the log and into `flow.comment` (marking the flow when the prefix
 broke). The diagnosis is made once the request has left, when the upstream
 answers (or fails), so it costs the request no latency: the engine is busy
 prefilling by then. Anthropic's own hosts, other paths, and bodies it cannot read go
-through byte for byte. Server-sent events are streamed, not buffered.
+through byte for byte. Server-sent events are streamed, not buffered. For the
+Responses API it follows each answer as it passes (its id and output items), so
+that a later request continuing it (`previous_response_id`) is diagnosed with
+the history the server puts in front of it (`response_chains.py`).
 
 Conventions for the addons in this folder:
 - `mitmdump -s addons/x.py` loads a file as a script; it imports its siblings
@@ -28,15 +32,18 @@ Conventions for the addons in this folder:
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
 from mitmproxy import ctx, exceptions, http
 
 from stable_prefix.addons import exposure, normalize
-from stable_prefix.addons.diagnosis import PrefixDiagnosis
+from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.lanes import routing_key
-from stable_prefix.addons.request_body import FLOW_NOTES, normalize_request
+from stable_prefix.addons.request_body import FLOW_NOTES, UnreadItems, normalize_request
+from stable_prefix.addons.response_chains import ResponseChains
+from stable_prefix.addons.sse_events import EventStream
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +93,10 @@ class StripBilling:
     def __init__(self) -> None:
         self.rules = normalize.Rules()
         self.diagnosis = PrefixDiagnosis()
+        self.unread_items = UnreadItems()
+        self.chains = ResponseChains()
+        # Responses answers being streamed, by flow id (flow.metadata must stay serializable).
+        self.answers: dict[str, EventStream] = {}
 
     def load(self, loader) -> None:
         loader.add_option("strip_billing_header", bool, True, "Remove Claude Code's x-anthropic-billing-header from the system prompt.")
@@ -145,7 +156,7 @@ class StripBilling:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
             return
-        result = normalize_request(flow.request, self.rules)
+        result = normalize_request(flow.request, self.rules, self.unread_items)
         if result is None:
             return
         notes = {"api": result.api, "client_body": result.client_body, "changes": [str(change) for change in result.changes]}
@@ -158,24 +169,60 @@ class StripBilling:
             flow.metadata[PENDING_DIAGNOSIS] = result
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        self.diagnose(flow)
+        follows_answer = self.diagnose(flow) == "responses"
         # Without this mitmproxy buffers the whole answer (and swallows SSE).
-        if flow.response and is_event_stream(flow.response) and not flow.response.stream:
-            flow.response.stream = True
+        if flow.response and is_event_stream(flow.response):
+            if follows_answer:
+                flow.response.stream = self._follow_answer(flow, flow.response.stream)
+            elif not flow.response.stream:
+                flow.response.stream = True
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        """A Responses answer is complete: hold its history for a request that continues it."""
+        answer = self.answers.pop(flow.id, None)
+        if flow.metadata.get(FLOW_NOTES, {}).get("api") != "responses" or flow.response is None or flow.response.status_code != 200:
+            return
+        try:
+            forwarded = json.loads(flow.request.get_content(strict=False) or b"")
+            response = answer.response if answer is not None else json.loads(flow.response.get_content(strict=False) or b"")
+        except ValueError:
+            return
+        if isinstance(forwarded, dict) and isinstance(response, dict):
+            self.chains.remember(forwarded, response)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        self.answers.pop(flow.id, None)
         self.diagnose(flow)
 
-    def diagnose(self, flow: http.HTTPFlow) -> None:
+    def _follow_answer(self, flow: http.HTTPFlow, previous):
+        """A stream callable that reads the events as the server sent them and
+        passes each chunk on (through `previous`, another addon's, if any)."""
+        answer = self.answers[flow.id] = EventStream()
+        previous = previous if callable(previous) else None
+
+        def follow(chunk: bytes):
+            answer.feed(chunk)
+            return previous(chunk) if previous else chunk
+
+        return follow
+
+    def diagnose(self, flow: http.HTTPFlow) -> str | None:
+        """The diagnosis of a request waiting for it; returns the request's API (None: none waited)."""
         result = flow.metadata.pop(PENDING_DIAGNOSIS, None)
         if result is None:
-            return
-        diagnosis = self.diagnosis.observe(result.client_snapshot(flow.request.headers), result.body, changes=result.changes)
+            return None
+        client, forwarded, changes = result.client_snapshot(flow.request.headers), result.body, result.changes
+        if result.api == "responses" and isinstance(result.body.get("previous_response_id"), str):
+            # The server reads the stored history first: so does the diagnosis (paths shift, no segment reuse).
+            client = PromptSnapshot.of(self.chains.resolved(json.loads(result.client_body)), result.api, flow.request.headers)
+            forwarded, changes = self.chains.resolved(result.body), None
+        diagnosis = self.diagnosis.observe(client, forwarded, changes=changes)
         flow.metadata[FLOW_NOTES].update(lane=diagnosis.lane, diagnosis=diagnosis.to_json())
         logger.info(diagnosis.line())
         prepend_comment(flow, diagnosis.line())
         if diagnosis.prefix_broke:
             flow.marked = BROKEN_PREFIX_MARK
+        return result.api
 
     def done(self) -> None:
         for line in self.diagnosis.summary_lines():

@@ -127,7 +127,7 @@ class ToolCallStream:
         if not ctx.options.toolcall_stream or flow.response is None or flow.response.status_code != 200:
             return None
         api = api_of(flow.request)
-        if api is None:
+        if api not in ("anthropic", "openai"):  # the Responses API's events have no rewriter here
             return None
         tools = offered_tools(api, flow.request)
         return (api, tools) if tools else None

@@ -19,13 +19,16 @@ from pathlib import Path
 
 from stable_prefix.bench.metrics import Row, fan_out_wall_s, mark_cold_and_warm, reuse_efficiency, summarize
 from stable_prefix.bench.prompt_tokens import PromptRenderer
-from stable_prefix.bench.replay import Measured, warm_up
-from stable_prefix.bench.run import DEFAULT_MODEL, PromptViews, model_description, rows_for, view_of
+from stable_prefix.bench.replay import Measured
+from stable_prefix.bench.run import PromptViews, model_description, rows_for, view_of
 from stable_prefix.bench.session import generate_session
 from stable_prefix.bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started, stop_servers_on_sigterm
 from stable_prefix.tools.servers import REPO_ROOT
 
 DEMO_SCALE = 0.2
+DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
+# The demo shows what the cache reuses and the first token; `make bench` measures whole turns.
+DEMO_MAX_TOKENS = 8
 HEADER = f"{'#':>3}  {'lane':<20} {'prompt':>7} {'reused':>7} {'prefilled':>9} {'TTFT':>8}  diagnosis (addon)"
 
 
@@ -36,7 +39,11 @@ def request_line(result: Measured) -> str:
     prefilled = None if result.reused_tokens is None or result.prompt_tokens is None else result.prompt_tokens - result.reused_tokens
     failed = f"  ERROR {result.reply.error}" if result.reply.error else ""
     # The addon's lines of concurrent requests cannot be told apart (see replay.Replayer.step).
-    diagnosis = result.diagnosis or (f"(fan-out group {result.request.fan_out}: its lines are in the proxy log)" if result.request.fan_out else "")
+    diagnosis = result.diagnosis or (
+        f"(fan-out group {result.request.fan_out}: its lines are in the proxy log)" if result.request.fan_out
+        else f"(sent beside #{result.request.beside}: the lines of both are in the proxy log)" if result.request.beside is not None
+        else ""
+    )
     return (
         f"{result.request.index:>3}  {result.request.lane:<20} {count(result.prompt_tokens):>7} {count(result.reused_tokens):>7} "
         f"{count(prefilled):>9} {result.reply.ttft_s or 0:>7.2f}s  {diagnosis}{failed}"
@@ -88,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_servers_on_sigterm(), started(PRODUCT, args.model, args.logs, capture_session=capture_session) as endpoints:
             print(f"Started: patched vllm-mlx on {endpoints.server_url}, mitmdump with our addons on {endpoints.client_url}", flush=True)
-            warm_up(endpoints.server_url, SERVED_MODEL_NAME)
+            endpoints.warm_up()
             print()
             print(HEADER)
             measured = endpoints.replay(
                 requests,
+                max_tokens=DEMO_MAX_TOKENS,
                 on_result=lambda result: print(request_line(result), flush=True),
             )
     except KeyboardInterrupt:

@@ -14,9 +14,15 @@ every field). The figures here are plain functions of rows so that
   over the prompts *that configuration's engine received*. A request whose
   reuse is unknown is left out of every sum (and counted as such), never taken
   as zero reused.
-- **TTFT figures** leave out the requests of fan-out groups: those run
-  concurrently, so their TTFT includes waiting for each other; a group is
+- **TTFT and turn-time figures** leave out the requests of fan-out groups: those
+  run concurrently, so their times include waiting for each other; a group is
   measured by its wall time instead (first request sent to last answer ended).
+  A title request sent beside its conversation's first main turn is counted in
+  its lane: waiting for (or sharing the engine with) that turn is what a user's
+  title request does.
+- **turn time**: from sending a request to the end of its stream, the whole
+  reply (`total_s`). **decode tokens/s**: output tokens after the first over the time after
+  the first token, summed over the requests it covers.
 - **warm TTFT growth**: the least-squares slope of warm main-lane TTFT against
   prompt length, in ms per 1,000 prompt tokens. An engine that re-prefills the
   history grows; one that prefills only the new tokens stays flat.
@@ -33,10 +39,15 @@ every field). The figures here are plain functions of rows so that
   cache could have spared it (its prompt minus the ideal reusable prefix: the
   previous reply and the new messages); the median and the largest. 1.0 is
   ideal; a cache that restores only checkpoints pays the way back to one.
-- **paired TTFT ratio** (the product against the anchor): each warm request's
-  TTFT in one configuration over the same request's in the other, both replayed
-  in the same turn of an interleaved run; the median ratio with a bootstrap 95%
-  confidence interval, per lane and over all lanes.
+- **paired ratios** (the product against an anchor): each warm (or cold)
+  request's TTFT, or turn time, in one configuration over the same request's in
+  the other, both replayed in the same turn of an interleaved run; the median
+  ratio with a bootstrap 95% confidence interval, per lane and over all lanes.
+  Turn times compare at equal output length: greedy decoding gives every engine
+  the same reply, but where two decoded different numbers of tokens (numerics of
+  batched and single decoding differ), the first one's turn time is rescaled to
+  the other's length by its own time per decoded token (`turn_at_length`), and
+  the pair is counted as rescaled (`output_agreement` lists them).
 - **paired differences** (proxy overhead): latency through a proxy minus latency
   direct, paired request by request, as p50 and p95 in ms, with a bootstrap 95%
   confidence interval of the median; a difference whose interval includes zero
@@ -80,8 +91,9 @@ def mark_cold_and_warm(rows: list[Row]) -> list[Row]:
 
 
 def reuse_efficiency(rows: Iterable[Row]) -> float | None:
-    """Tokens reused / tokens an ideal cache could have reused, over rows whose reuse is known."""
-    known = [row for row in rows if row.get("reused_tokens") is not None]
+    """Tokens reused / tokens an ideal cache could have reused, over rows whose reuse and ideal are known
+    (the ideal is unknown for an engine whose prompts are not rendered)."""
+    known = [row for row in rows if row.get("reused_tokens") is not None and row.get("ideal_reusable_tokens") is not None]
     ideal = sum(row["ideal_reusable_tokens"] for row in known)
     if not known or ideal == 0:
         return None
@@ -99,7 +111,7 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 
 def warm_ttft_growth_ms_per_1k_tokens(rows: Iterable[Row], lane: str = "main") -> float | None:
-    warm = [row for row in rows if row["lane"] == lane and row["warm"] and row.get("ttft_s") is not None]
+    warm = [row for row in rows if row["lane"] == lane and row["warm"] and row.get("ttft_s") is not None and row.get("prompt_tokens") is not None]
     growth = slope([row["prompt_tokens"] / 1000 for row in warm], [row["ttft_s"] * 1000 for row in warm])
     return growth
 
@@ -114,23 +126,78 @@ def warm_prefill_over_new_content(rows: Iterable[Row], lane: str = "main") -> di
     ratios = [
         (row["prompt_tokens"] - row["reused_tokens"]) / (row["prompt_tokens"] - row["ideal_reusable_tokens"])
         for row in rows
-        if row["lane"] == lane and row["warm"] and row.get("reused_tokens") is not None and row["prompt_tokens"] > row["ideal_reusable_tokens"]
+        if row["lane"] == lane and row["warm"] and row.get("reused_tokens") is not None and row.get("ideal_reusable_tokens") is not None
+        and row["prompt_tokens"] > row["ideal_reusable_tokens"]
     ]
     return {"median": median(ratios), "max": max(ratios) if ratios else None}
 
 
 def sequential(rows: Iterable[Row]) -> list[Row]:
-    """The rows whose TTFT is the request's own: every one outside a fan-out group."""
+    """The rows whose times are the request's own: every one outside a fan-out group."""
     return [row for row in rows if not row.get("fan_out")]
 
 
-def lane_summary(rows: list[Row]) -> dict[str, Any]:
+def decoding(row: Row) -> tuple[int, float] | None:
+    """(tokens decoded after the first, seconds they took) of a row whose reply had two or more output tokens."""
+    tokens, ttft, turn = row.get("output_tokens"), row.get("ttft_s"), row.get("total_s")
+    if tokens is None or tokens < 2 or ttft is None or turn is None or turn <= ttft or row.get("ttft_is_total"):
+        return None
+    return tokens - 1, turn - ttft
+
+
+def decode_tokens_per_s(rows: Iterable[Row]) -> float | None:
+    """Tokens decoded after the first token over the time they took, summed over `rows`."""
+    spans = [span for row in rows if (span := decoding(row))]
+    seconds = sum(duration for _, duration in spans)
+    return sum(tokens for tokens, _ in spans) / seconds if seconds else None
+
+
+def turn_at_length(row: Row, output_tokens: int) -> float | None:
+    """The row's turn time had it decoded `output_tokens` tokens: its TTFT plus its own
+    time per decoded token for each one after the first."""
+    if row.get("output_tokens") == output_tokens:
+        return row.get("total_s")
+    span = decoding(row)
+    if span is None or output_tokens < 1:
+        return None
+    tokens, seconds = span
+    return row["ttft_s"] + seconds / tokens * (output_tokens - 1)
+
+
+def timing_summary(rows: list[Row]) -> dict[str, Any]:
+    """TTFT and turn-time medians (cold, warm), output tokens and decode rate of `rows` outside fan-out groups."""
     timed = sequential(rows)
+    cold, warm = [row for row in timed if not row["warm"]], [row for row in timed if row["warm"]]
     return {
-        "requests": len(rows),
-        "cold_ttft_median_s": median(row["ttft_s"] for row in timed if not row["warm"]),
-        "warm_ttft_median_s": median(row["ttft_s"] for row in timed if row["warm"]),
-        "reuse_efficiency": reuse_efficiency(rows),
+        "cold_ttft_median_s": median(row["ttft_s"] for row in cold),
+        "warm_ttft_median_s": median(row["ttft_s"] for row in warm),
+        "cold_turn_median_s": median(row.get("total_s") for row in cold),
+        "warm_turn_median_s": median(row.get("total_s") for row in warm),
+        "output_tokens": known_sum(row.get("output_tokens") for row in rows),
+        "decode_tokens_per_s": decode_tokens_per_s(timed),
+    }
+
+
+def known_sum(values: Iterable[int | None]) -> int | None:
+    """The sum of the values, or None (unknown) when any is unknown."""
+    present = list(values)
+    return None if any(value is None for value in present) else sum(present)
+
+
+def lane_summary(rows: list[Row]) -> dict[str, Any]:
+    return {"requests": len(rows), **timing_summary(rows), "reuse_efficiency": reuse_efficiency(rows)}
+
+
+def beside_summary(rows: list[Row]) -> dict[str, Any] | None:
+    """The requests sent beside another (title requests beside a main turn): TTFT and turn time medians."""
+    beside = [row for row in rows if row.get("beside") is not None]
+    if not beside:
+        return None
+    return {
+        "requests": len(beside),
+        "ttft_median_s": median(row["ttft_s"] for row in beside),
+        "turn_median_s": median(row.get("total_s") for row in beside),
+        "output_tokens": known_sum(row.get("output_tokens") for row in beside),
     }
 
 
@@ -156,13 +223,12 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     walls = fan_out_wall_s(rows)
     return {
         "requests": len(rows),
-        "cold_ttft_median_s": median(row["ttft_s"] for row in timed if not row["warm"]),
-        "warm_ttft_median_s": median(row["ttft_s"] for row in timed if row["warm"]),
+        **timing_summary(rows),
         # TTFTs that are the total time (no output event reached the client): upper bounds, kept in the medians.
         "ttft_fell_back_to_total": sum(1 for row in rows if row.get("ttft_is_total")),
         "reuse_efficiency": reuse_efficiency(rows),
         "prompt_tokens": sum(row["prompt_tokens"] for row in rows if row.get("prompt_tokens") is not None),
-        "ideal_reusable_tokens": sum(row["ideal_reusable_tokens"] for row in known),
+        "ideal_reusable_tokens": known_sum(row.get("ideal_reusable_tokens") for row in known),
         "tokens_reused": sum(row["reused_tokens"] for row in known) if known else None,
         "tokens_prefilled": sum(row["prompt_tokens"] - row["reused_tokens"] for row in known) if known else None,
         # Left out of the three sums above (and of reuse_efficiency): unknown, not zero.
@@ -170,6 +236,8 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "reuse_unknown_prompt_tokens": sum(row["prompt_tokens"] for row in unknown if row.get("prompt_tokens") is not None),
         "fan_out_requests": len(fan_out),
         "fan_out_wall_s": sum(walls.values()) if walls else None,
+        "fan_out_output_tokens": known_sum(row.get("output_tokens") for row in fan_out) if fan_out else None,
+        "beside": beside_summary(rows),
         "warm_ttft_growth_ms_per_1k_tokens": warm_ttft_growth_ms_per_1k_tokens(timed),
         "warm_main_prefill_over_new_content": warm_prefill_over_new_content(rows),
         "warm_ttft_over_incontext_prefill_median": warm_ttft_over(timed, "incontext_prefill_s"),
@@ -209,26 +277,55 @@ def paired_difference_ms(baseline_s: Sequence[float], measured_s: Sequence[float
     }
 
 
-def paired_ttft_ratio(rows: Iterable[Row], other: Iterable[Row], warm: bool = True) -> dict[str, Any]:
-    """Median over the warm (or cold) requests outside the fan-out of TTFT(rows) / TTFT(other)
-    for the same request, with the median's 95% confidence interval; `within_noise` when
-    that interval includes 1. Per lane under "lanes", all lanes under "all"."""
+PAIRED_FIGURES = ("ttft_s", "total_s")  # TTFT, turn time
+
+
+def paired_ratio(rows: Iterable[Row], other: Iterable[Row], figure: str = "ttft_s", warm: bool = True) -> dict[str, Any]:
+    """Median over the warm (or cold) requests outside the fan-out of figure(rows) / figure(other)
+    for the same request (`figure`: "ttft_s", or "total_s", the turn time, at the other's output
+    length, see the module docstring), with the median's 95% confidence interval;
+    `within_noise` when that interval includes 1. Per lane under "lanes", all lanes under
+    "all"; "rescaled" counts the turn-time pairs of unequal output length."""
+    if figure not in PAIRED_FIGURES:
+        raise ValueError(f"paired ratio of {figure!r}: choose from {', '.join(PAIRED_FIGURES)}")
     theirs = {row["index"]: row for row in other}
     pairs: dict[str, list[float]] = {}
+    rescaled: dict[str, int] = {}
     for row in sequential(rows):
         match = theirs.get(row["index"])
-        if row["warm"] == warm and match and row.get("ttft_s") and match.get("ttft_s"):
-            ratio = row["ttft_s"] / match["ttft_s"]
-            pairs.setdefault(row["lane"], []).append(ratio)
-            pairs.setdefault("", []).append(ratio)
+        if row["warm"] != warm or not match or not match.get(figure):
+            continue
+        mine = row.get(figure)
+        if figure == "total_s" and row.get("output_tokens") != match.get("output_tokens"):
+            mine = None if match.get("output_tokens") is None else turn_at_length(row, match["output_tokens"])
+            for lane in (row["lane"], ""):
+                rescaled[lane] = rescaled.get(lane, 0) + (mine is not None)
+        if mine:
+            for lane in (row["lane"], ""):
+                pairs.setdefault(lane, []).append(mine / match[figure])
 
-    def summary(ratios: list[float]) -> dict[str, Any]:
+    def summary(lane: str) -> dict[str, Any]:
+        ratios = pairs.get(lane, [])
         interval = median_confidence_interval(ratios)
         return {
             "requests": len(ratios),
             "median": median(ratios),
             "ci95": list(interval) if interval else None,
             "within_noise": None if interval is None else interval[0] <= 1 <= interval[1],
+            "rescaled": rescaled.get(lane, 0),
         }
 
-    return {"all": summary(pairs.pop("", [])), "lanes": {lane: summary(ratios) for lane, ratios in sorted(pairs.items())}}
+    return {"all": summary(""), "lanes": {lane: summary(lane) for lane in sorted(pairs) if lane}}
+
+
+def output_agreement(rows: Iterable[Row], other: Iterable[Row]) -> dict[str, Any]:
+    """Whether two configurations decoded the same number of tokens for each request both answered."""
+    theirs = {row["index"]: row.get("output_tokens") for row in other}
+    compared = [(row["index"], row.get("output_tokens"), theirs.get(row["index"])) for row in rows if row["index"] in theirs]
+    known = [(index, mine, other_count) for index, mine, other_count in compared if mine is not None and other_count is not None]
+    return {
+        "requests": len(known),
+        "equal": sum(1 for _, mine, other_count in known if mine == other_count),
+        "differing": [index for index, mine, other_count in known if mine != other_count],
+        "unknown": len(compared) - len(known),
+    }

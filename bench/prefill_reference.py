@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 
 import numpy as np
 
 from stable_prefix.bench.prompt_tokens import PromptRenderer
-from stable_prefix.bench.replay import CHAT_COMPLETIONS_PATH, MESSAGES_PATH, clear_cache, post_streamed
+from stable_prefix.bench.replay import CHAT_COMPLETIONS_PATH, MESSAGES_PATH, post_streamed
 from stable_prefix.bench.session import TextSource
 
 SIZES = (32, 256, 1024, 4096)
@@ -30,14 +31,15 @@ def reference_body(tokens: int, model: str, seed: int) -> dict:
 
 
 def measure(
-    server_url: str, renderer: PromptRenderer, model: str, sizes: tuple[int, ...] = SIZES, protocol: str = "anthropic"
+    server_url: str, renderer: PromptRenderer, model: str, clear_cache: Callable[[], bool], sizes: tuple[int, ...] = SIZES, protocol: str = "anthropic"
 ) -> list[tuple[int, float]]:
-    """[(prompt tokens, TTFT in s)] for cold prompts of about `sizes` tokens (text no
-    other prompt shares, so a server without `DELETE /v1/cache` has nothing to reuse either)."""
+    """[(prompt tokens, TTFT in s)] for cold prompts of about `sizes` tokens, each after
+    `clear_cache()` (text no other prompt shares, so a server that cannot empty its cache
+    has nothing to reuse either)."""
     points = []
     for seed, size in enumerate(sizes):
         body = reference_body(size, model, seed)
-        clear_cache(server_url)
+        clear_cache()
         if protocol == "openai":
             path, sent = CHAT_COMPLETIONS_PATH, {key: value for key, value in body.items() if key != "model"}
         else:

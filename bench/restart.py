@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import math
@@ -48,12 +49,16 @@ from typing import Any
 from stable_prefix.bench.replay import LogFollower, Measured, cache_stats
 from stable_prefix.bench.run import model_description
 from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
-from stable_prefix.bench.stack import PRODUCT, Configuration, cpu_description, started
+from stable_prefix.bench.stack import BATCHED_ANCHOR, PRODUCT, Configuration, cpu_description, started
 from stable_prefix.tools.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
 FULL_SCALE, QUICK_SCALE = 0.2, 0.04
-ANCHOR = Configuration("batched+addon", "shipped", True, "vllm-mlx 0.6.0 --continuous-batching as shipped, behind the addon (saves its cache on a clean shutdown)")
+ANCHOR = dataclasses.replace(
+    BATCHED_ANCHOR, key="batched+addon", title="vllm-mlx 0.6.0 --continuous-batching as shipped, behind the addon (saves its cache on a clean shutdown)"
+)
+# What a restart costs shows in the first token: replies stay short here (bench.run measures whole turns).
+MAX_TOKENS = 8
 # Qwen3-Coder-30B-A3B's KV layout: the projection in the issue and the README is for it.
 QWEN3_CODER_30B = {"layers": 48, "kv_heads": 4, "head_dim": 128, "dtype_bytes": 2}
 PROJECTED_PREFIX_TOKENS = 20_000
@@ -78,7 +83,7 @@ class Contender:
     def start(self, model_dir: Path, log_dir: Path, state: Path):
         if self.state == "disk-dir":
             return started(self.config, model_dir, log_dir, engine_flags=["--prefix-cache-dir", str(state)])
-        return started(self.config, model_dir, log_dir, engine_flags=["--continuous-batching"], engine_env={"HOME": str(state)})
+        return started(self.config, model_dir, log_dir, engine_env={"HOME": str(state)})
 
 
 PRODUCT_CONTENDER = Contender(PRODUCT, "SIGKILL once its snapshots are on disk", "disk-dir")
@@ -152,7 +157,7 @@ def replay_measuring_disk(endpoints, requests: list[Request], label: str) -> lis
     log = LogFollower(endpoints.server_log)
     for request in requests:
         before = cache_stats(endpoints.server_url)
-        (result,) = endpoints.replay([request])
+        (result,) = endpoints.replay([request], max_tokens=MAX_TOKENS)
         row = measured_row(result, before, cache_stats(endpoints.server_url), log.new_lines())
         rows.append(row)
         reused = "?" if row["reused_tokens"] is None else f"{row['reused_tokens']:,}"

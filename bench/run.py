@@ -6,8 +6,10 @@
     python -m stable_prefix.bench.run --configs 1,4 --limit 12 --out /tmp/b
 
 Each configuration gets freshly started servers (no cache carries over), the
-same requests in the same order, and the same model. See `bench/README.md` for
-what is measured and the schema of `latest.json`.
+same requests in the same order, greedy decoding, and the same model (by
+default build/tiny-model-bench, `make tiny-model-bench`: replies of about the
+session's length). See `bench/README.md` for what is measured and the schema
+of `latest.json`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import math
 import platform
 import shlex
+import statistics
 import struct
 import sys
 import time
@@ -30,31 +33,38 @@ from stable_prefix.addons.lanes import AGENT_ID_HEADER
 from stable_prefix.addons.normalize import Rules, api_for, normalize
 from stable_prefix.bench import prefill_reference, proxy_overhead, report
 from stable_prefix.bench.incontext_prefill import InContextPrefill
-from stable_prefix.bench.metrics import Row, mark_cold_and_warm, paired_ttft_ratio, summarize
+from stable_prefix.bench.metrics import Row, mark_cold_and_warm, output_agreement, paired_ratio, summarize
 from stable_prefix.bench.openai_form import openai_body
 from stable_prefix.bench.prompt_tokens import MlxLmPromptRenderer, PromptRenderer, ideal_reusable_tokens
-from stable_prefix.bench.replay import Measured, steps, warm_up
+from stable_prefix.bench.replay import GREEDY, PROXY_MAX_TOKENS_CAP, Measured, max_tokens_policy, steps
 from stable_prefix.bench.session import MAIN_LANE, SHAPES, TODAYS_SHAPE, Request, generate_session
 from stable_prefix.bench.stack import (
-    BATCHED_ANCHOR,
     PRODUCT,
     SERVED_MODEL_NAME,
+    STRONGEST_ANCHORS,
     TOOL_CALL_PARSER,
     Configuration,
     configuration,
     cpu_description,
+    is_ours,
     started,
     stop_servers_on_sigterm,
 )
 from stable_prefix.tools.servers import REPO_ROOT
 
-DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
+DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model-bench"
 DEFAULT_SCALE, QUICK_SCALE, FULL_SCALE = 0.2, 0.04, 1.0
-DEFAULT_CONFIGS, QUICK_CONFIGS = "1,2,3,4,5,6,7", "1,2,3,4,6,7"
-# Full size: the product, the batched anchor behind the addon, and vllm-mlx as shipped;
+# The product in both engine modes (4: the default, 10: --engine simple), against every anchor.
+DEFAULT_CONFIGS, QUICK_CONFIGS = "1,2,3,4,5,6,7,8,9,10", "1,4,7,9,10"
+# Full size: the product and the two strongest anchors (the batched engine and Rapid-MLX, behind the addon);
 # the session is cut to its first FULL_LIMIT requests (never its prompt sizes): the fan-out group, the
 # ToolSearch load and the first request of the new conversation after the commit are among them.
-FULL_CONFIGS, FULL_LIMIT = "4,7,1", 25
+FULL_CONFIGS, FULL_LIMIT = "4,7,9", 25
+# The in-context prefill yardstick, by default for the patched and batched engines: not vllm-mlx's
+# SimpleEngine as shipped (1, 2: they re-prefill most of each prompt, which takes minutes longer),
+# mlx_lm.server (5, its own rendering: prompts no other configuration shares) or Rapid-MLX (8, 9:
+# its prompts are not rendered, see stack.RAPID_MLX).
+DEFAULT_INCONTEXT_CONFIGS = "3,4,6,7,10"
 
 
 def as_received(body: dict, behind_addon: bool) -> dict:
@@ -66,9 +76,10 @@ def as_received(body: dict, behind_addon: bool) -> dict:
     return normalized
 
 
-def view_of(config: Configuration) -> tuple[str, bool]:
-    """Which prompts a configuration's engine receives: its protocol, and whether the addon normalized them."""
-    return config.protocol, config.addon
+def view_of(config: Configuration) -> tuple[str, bool] | None:
+    """Which prompts a configuration's engine receives: its protocol, and whether the addon normalized
+    them; None for an engine whose rendering bench.prompt_tokens does not reproduce."""
+    return (config.protocol, config.addon) if config.engine.rendered else None
 
 
 ADDON_VIEW = ("anthropic", True)
@@ -81,9 +92,9 @@ class PromptViews:
     chat-completions form. Each configuration is measured against its own view;
     the addon's view is also kept, as what the session's content shares."""
 
-    def __init__(self, requests: list[Request], renderer: PromptRenderer, views: set[tuple[str, bool]], model_dir: Path):
+    def __init__(self, requests: list[Request], renderer: PromptRenderer, views: set[tuple[str, bool] | None], model_dir: Path):
         self.tokens: dict[tuple[str, bool], list[list[int]]] = {}
-        for view in views | {ADDON_VIEW}:
+        for view in (views - {None}) | {ADDON_VIEW}:
             protocol, addon = view
             if protocol == "openai":
                 openai_renderer = MlxLmPromptRenderer(model_dir)
@@ -92,18 +103,28 @@ class PromptViews:
                 self.tokens[view] = [renderer.token_ids(as_received(r.body, addon)) for r in requests]
         self.ideal = {view: ideal_reusable_tokens(ids) for view, ids in self.tokens.items()}
 
-    def prompt_tokens(self, config: Configuration, request: Request) -> int:
-        return len(self.tokens[view_of(config)][request.index])
+    def of(self, config: Configuration, request: Request) -> list[int] | None:
+        """The token ids `config`'s engine prefills for `request`; None where they are not rendered."""
+        view = view_of(config)
+        return None if view is None else self.tokens[view][request.index]
+
+    def ideal_of(self, config: Configuration, request: Request) -> int | None:
+        view = view_of(config)
+        return None if view is None else self.ideal[view][request.index]
+
+    def prompt_tokens(self, config: Configuration, request: Request) -> int | None:
+        ids = self.of(config, request)
+        return None if ids is None else len(ids)
 
 
 def rows_for(
     config: Configuration, measured: list[Measured], views: PromptViews, reference: list[tuple[int, float]] | None = None
 ) -> list[Row]:
+    """One row per replayed request (`bench/README.md` names every field), marked cold or warm."""
     rows = []
-    view = view_of(config)
     for result in measured:
         index = result.request.index
-        rendered = len(views.tokens[view][index])
+        rendered = views.prompt_tokens(config, result.request)
         prompt = result.prompt_tokens if result.prompt_tokens is not None else rendered
         reused = result.reused_tokens
         rows.append({
@@ -112,6 +133,7 @@ def rows_for(
             "lane": result.request.lane,
             "conversation": result.request.conversation,
             "fan_out": result.request.fan_out,
+            "beside": result.request.beside,  # sent at the same time as that request (a title beside its main turn)
             "agent_id": result.request.headers.get(AGENT_ID_HEADER),  # the subagent instance, where the client names it
             "body_bytes": len(result.request.body_bytes()),
             "status": result.reply.status,
@@ -119,18 +141,22 @@ def rows_for(
             "prompt_tokens": prompt,
             "rendered_prompt_tokens": rendered,
             "reused_tokens": reused,
-            "prefilled_tokens": None if reused is None else prompt - reused,
+            "prefilled_tokens": None if reused is None or prompt is None else prompt - reused,
             "reuse_source": result.reuse_source,
             # The yardstick: what an ideal cache could have reused of the prompts this engine received.
-            "ideal_reusable_tokens": views.ideal[view][index],
+            "ideal_reusable_tokens": views.ideal_of(config, result.request),
             "ideal_reusable_tokens_behind_addon": views.ideal[ADDON_VIEW][index],
             "started_s": result.started_s,
             "ttft_s": result.reply.ttft_s,
             "ttft_is_total": result.reply.ttft_is_total,
-            "total_s": result.reply.total_s,
+            "total_s": result.reply.total_s,  # the turn time: until the stream ended
+            "max_tokens": result.max_tokens,
+            "output_tokens": result.reply.output_tokens,  # as the server counted them
+            "stop_reason": result.reply.stop_reason,
+            "reply_tokens": result.request.reply_tokens,  # about how long the session's own reply is
             "diagnosis": result.diagnosis,
             # Yardstick 1: the same number of tokens prefilled from nothing on this server.
-            "cold_prefill_of_new_tokens_s": None if reused is None or not reference else prefill_reference.prefill_seconds(reference, prompt - reused),
+            "cold_prefill_of_new_tokens_s": None if reused is None or prompt is None or not reference else prefill_reference.prefill_seconds(reference, prompt - reused),
             # Yardstick 2 (bench.incontext_prefill): set after the replays where measured.
             "incontext_prefill_s": None,
         })
@@ -143,7 +169,8 @@ def measure_incontext_prefill(config_rows: list[Row], views: PromptViews, config
     wanted = {
         (row["configuration"], row["index"]): (views.tokens[view_of(configs[row["configuration"]])][row["index"]], row["reused_tokens"])
         for row in config_rows
-        if row["configuration"] in configs and row["warm"] and not row["fan_out"] and row["reused_tokens"] is not None
+        if row["configuration"] in configs and view_of(configs[row["configuration"]]) is not None
+        and row["warm"] and not row["fan_out"] and row["reused_tokens"] is not None
         and row["rendered_prompt_tokens"] == row["prompt_tokens"]  # the split is only right on the server's own token ids
         and row["reused_tokens"] < row["prompt_tokens"]
     }
@@ -159,16 +186,17 @@ def progress_line(config: Configuration, result: Measured) -> str:
     reply = result.reply
     reused = "?" if result.reused_tokens is None else f"{result.reused_tokens:,}"
     prompt = "?" if result.prompt_tokens is None else f"{result.prompt_tokens:,}"
+    output = "?" if reply.output_tokens is None else f"{reply.output_tokens:,}"
     status = "" if reply.status == 200 and not reply.error else f"  ERROR {reply.error}"
     fallback = " (no output event: total time)" if reply.ttft_is_total else ""
-    fan_out = f"  [{result.request.fan_out}]" if result.request.fan_out else ""
+    together = f"  [{result.request.fan_out}]" if result.request.fan_out else f"  [beside #{result.request.beside}]" if result.request.beside is not None else ""
     return (
         f"  {config.key:<16} #{result.request.index:<3} {result.request.lane:<20} prompt {prompt:>7} reused {reused:>7}"
-        f"  TTFT {reply.ttft_s or 0:7.2f} s  total {reply.total_s:7.2f} s{fallback}{fan_out}{status}"
+        f"  TTFT {reply.ttft_s or 0:7.2f} s  turn {reply.total_s:7.2f} s  out {output:>5}{fallback}{together}{status}"
     )
 
 
-def replay_options(config: Configuration, views: PromptViews, max_tokens: int) -> dict[str, Any]:
+def replay_options(config: Configuration, views: PromptViews, max_tokens: int | str) -> dict[str, Any]:
     return {
         "max_tokens": max_tokens,
         # A direct client must name the served model; behind the addon, the addon maps it.
@@ -179,18 +207,18 @@ def replay_options(config: Configuration, views: PromptViews, max_tokens: int) -
 
 
 def measure_reference(config: Configuration, endpoints, renderer: PromptRenderer) -> list[tuple[int, float]]:
-    reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME, protocol=config.protocol)
+    reference = prefill_reference.measure(endpoints.server_url, renderer, SERVED_MODEL_NAME, endpoints.clear_cache, protocol=config.protocol)
     print(f"  {config.key} cold prefill reference (tokens, TTFT s): {[(tokens, round(ttft, 2)) for tokens, ttft in reference]}", flush=True)
     return reference
 
 
 def run_configuration(
-    config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer, views: PromptViews
+    config: Configuration, requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int | str, renderer: PromptRenderer, views: PromptViews
 ) -> tuple[list[Measured], list[tuple[int, float]]]:
     """The replay's measurements, and the server's cold-prefill reference measured after it."""
     print(f"{config.key}: {config.title}", flush=True)
     with started(config, model_dir, log_dir) as endpoints:
-        warm_up(endpoints.server_url, SERVED_MODEL_NAME, config.protocol)
+        endpoints.warm_up()
         measured = endpoints.replay(
             requests, on_result=lambda result: print(progress_line(config, result), flush=True), **replay_options(config, views, max_tokens)
         )
@@ -204,7 +232,7 @@ def turn_order(configs: list[Configuration], turn: int) -> list[Configuration]:
 
 
 def run_interleaved(
-    configs: list[Configuration], requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int, renderer: PromptRenderer, views: PromptViews
+    configs: list[Configuration], requests: list[Request], model_dir: Path, log_dir: Path, max_tokens: int | str, renderer: PromptRenderer, views: PromptViews
 ) -> dict[str, tuple[list[Measured], list[tuple[int, float]]]]:
     """Every configuration's stack running at once, taking turns request by request
     (step by step: a fan-out group is one turn), the first of each turn rotating,
@@ -214,7 +242,7 @@ def run_interleaved(
     with contextlib.ExitStack() as stack:
         endpoints = {config.key: stack.enter_context(started(config, model_dir, log_dir)) for config in configs}
         for config in configs:
-            warm_up(endpoints[config.key].server_url, SERVED_MODEL_NAME, config.protocol)
+            endpoints[config.key].warm_up()
         replayers = {config.key: endpoints[config.key].replayer(**replay_options(config, views, max_tokens)) for config in configs}
         measured: dict[str, list[Measured]] = {config.key: [] for config in configs}
         for turn, step in enumerate(steps(requests)):
@@ -236,6 +264,7 @@ def model_description(model_dir: Path) -> dict[str, Any]:
     parameters = stored_parameters(model_dir)
     dtype = text_config.get("torch_dtype") or config.get("torch_dtype") or "unknown dtype"
     random_weight = "random-weight " if model_dir.resolve().is_relative_to(REPO_ROOT / "build") else ""
+    caches = cache_kinds(model_dir)
     return {
         "path": str(model_dir.relative_to(REPO_ROOT) if model_dir.is_relative_to(REPO_ROOT) else model_dir),
         "model_type": config["model_type"],
@@ -245,8 +274,21 @@ def model_description(model_dir: Path) -> dict[str, Any]:
         "attention_heads": text_config.get("num_attention_heads"),
         "kv_heads": text_config.get("num_key_value_heads"),
         "parameters_approx": parameters,
+        "cache_kinds": caches,
+        # Plain attention: every layer's cache is a KV cache any prefix cache can trim; otherwise
+        # hybrid (recurrent or sliding-window layers: only checkpoints restore them).
+        "attention": "plain" if caches == ["KVCache"] else "hybrid",
         "description": f"{random_weight}{config['model_type']}, {layers} layers, hidden {hidden}, {dtype}, ~{parameters / 1e6:.1f}M parameters",
     }
+
+
+def cache_kinds(model_dir: Path) -> list[str]:
+    """The model's per-layer cache classes, as mlx-lm makes them (the model loaded lazily: no weights read)."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(model_dir, lazy=True)
+    return sorted({type(cache).__name__ for cache in make_prompt_cache(model)})
 
 
 def stored_parameters(model_dir: Path) -> int:
@@ -289,6 +331,7 @@ def notable_requests(requests: list[Request]) -> list[dict[str, Any]]:
 def session_description(requests: list[Request], views: PromptViews, seed: int, scale: float, limit: int | None) -> dict[str, Any]:
     first_main = next(i for i, r in enumerate(requests) if r.lane == MAIN_LANE)
     fan_out = [r for r in requests if r.fan_out]
+    replies = sorted(r.reply_tokens for r in requests)
     return {
         "seed": seed,
         "scale": scale,
@@ -304,6 +347,9 @@ def session_description(requests: list[Request], views: PromptViews, seed: int, 
             "instances": len({(r.fan_out, r.headers.get(AGENT_ID_HEADER)) for r in fan_out}),
             "requests": len(fan_out),
         },
+        "beside": len([r for r in requests if r.beside is not None]),
+        # How long the session's own replies are (about: chars / CHARS_PER_TOKEN).
+        "reply_tokens": {"total": sum(replies), "median": statistics.median(replies), "max": replies[-1]},
         "notable_requests": notable_requests(requests),
     }
 
@@ -328,11 +374,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="one configuration after the other, each alone on the machine (default: all started together, taking turns request by request)",
     )
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--max-tokens", type=int, default=8, help="max_tokens sent with every request")
+    parser.add_argument(
+        "--max-tokens", type=_max_tokens_option, default="proxy",
+        help=f"max_tokens sent with each request: proxy (the client's, as the addon caps it: at most {PROXY_MAX_TOKENS_CAP:,}; the default), "
+        "session (the session's reply length: for a model whose replies never end), or a number",
+    )
     parser.add_argument("--overhead-samples", type=int, help="request pairs for the proxy overhead (0: skip)")
     parser.add_argument(
-        "--incontext-engines", default="patched,batched",
-        help="comma-separated engines (shipped, batched, patched) whose warm requests get the in-context prefill yardstick (default patched,batched; '' for none)",
+        "--incontext-configs", default=DEFAULT_INCONTEXT_CONFIGS,
+        help=f"comma-separated configuration numbers or keys whose warm requests get the in-context prefill yardstick, where they run (default {DEFAULT_INCONTEXT_CONFIGS}; '' for none)",
     )
     parser.add_argument(
         "--incontext-repeats", type=int,
@@ -350,15 +400,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.incontext_repeats = 1 if args.full else 3
     if args.overhead_samples is None:
         args.overhead_samples = 20 if args.quick else 60
-    args.incontext_engines = {engine.strip() for engine in args.incontext_engines.split(",") if engine.strip()}
-    if args.incontext_engines - {"shipped", "batched", "patched"}:
-        parser.error(f"--incontext-engines {','.join(sorted(args.incontext_engines))}: choose from shipped, batched, patched")
     args.configs = args.configs or (QUICK_CONFIGS if args.quick else FULL_CONFIGS if args.full else DEFAULT_CONFIGS)
     try:
         args.configurations = [configuration(key.strip()) for key in args.configs.split(",")]
     except ValueError as error:
         parser.error(f"--configs {args.configs}: {error}")
+    try:
+        args.incontext_configurations = [configuration(key.strip()) for key in args.incontext_configs.split(",") if key.strip()]
+    except ValueError as error:
+        parser.error(f"--incontext-configs {args.incontext_configs}: {error}")
     return args
+
+
+def _max_tokens_option(text: str) -> int | str:
+    try:
+        return max_tokens_policy(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -383,12 +441,14 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         configurations.append({
             "key": config.key,
             "title": config.title,
-            "engine": config.engine,
+            "engine": config.engine.name,
+            "engine_flags": list(config.engine_flags),
+            "ours": is_ours(config),
             "addon": config.addon,
             "cold_prefill_reference": [{"prompt_tokens": tokens, "ttft_s": ttft} for tokens, ttft in reference],
             "summary": summarize(config_rows),
         })
-    incontext = {config.key: config for config in args.configurations if config.engine in args.incontext_engines}
+    incontext = {config.key: config for config in args.configurations if config in args.incontext_configurations and view_of(config) is not None}
     measure_incontext_prefill(rows, views, incontext, args.model, args.incontext_repeats)
     for config in configurations:
         config["summary"] = summarize([row for row in rows if row["configuration"] == config["key"]])
@@ -406,30 +466,42 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         config["summary"]["proxy_overhead_ms_p50_ci95"] = added_ttft.get("p50_ci95")
         config["summary"]["proxy_overhead_total_instant_upstream_ms_p50"] = added_total.get("p50")
         config["summary"]["proxy_overhead_total_instant_upstream_ms_p95"] = added_total.get("p95")
-    keys = [config.key for config in args.configurations]
-    comparison = None
-    if PRODUCT.key in keys and BATCHED_ANCHOR.key in keys:
-        product_rows, anchor_rows = ([row for row in rows if row["configuration"] == key] for key in (PRODUCT.key, BATCHED_ANCHOR.key))
-        comparison = {
-            "product": PRODUCT.key,
-            "anchor": BATCHED_ANCHOR.key,
-            "paired_ttft_ratio": paired_ttft_ratio(product_rows, anchor_rows),
-            "paired_cold_ttft_ratio": paired_ttft_ratio(product_rows, anchor_rows, warm=False),
-        }
     return {
-        "schema": 2,
+        "schema": 3,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
         "duration_s": round(time.time() - started_at, 1),
         "command": command,
         "machine": f"{cpu_description()}, {platform.system()} {platform.machine()}",
         "model": model_description(args.model),
         "session": session_description(requests, views, args.seed, args.scale, args.limit),
-        "replay": {"max_tokens": args.max_tokens, "served_model_name": SERVED_MODEL_NAME, "order": "interleaved" if args.interleave else "sequential"},
+        "replay": {
+            "max_tokens": args.max_tokens, "temperature": GREEDY, "served_model_name": SERVED_MODEL_NAME,
+            "order": "interleaved" if args.interleave else "sequential",
+        },
         "configurations": configurations,
         "proxy_overhead": overhead,
-        "comparison": comparison,
+        "comparison": comparison(rows, [config.key for config in args.configurations]),
         "rows": rows,
     }
+
+
+def comparison(rows: list[Row], keys: list[str]) -> dict[str, Any] | None:
+    """The product against each of the strongest anchors in the run, request by request."""
+    if PRODUCT.key not in keys:
+        return None
+    of = {key: [row for row in rows if row["configuration"] == key] for key in keys}
+    anchors = {}
+    for anchor in STRONGEST_ANCHORS:
+        if anchor.key in keys:
+            mine, theirs = of[PRODUCT.key], of[anchor.key]
+            anchors[anchor.key] = {
+                "paired_ttft_ratio": paired_ratio(mine, theirs),
+                "paired_cold_ttft_ratio": paired_ratio(mine, theirs, warm=False),
+                "paired_turn_ratio": paired_ratio(mine, theirs, "total_s"),
+                "paired_cold_turn_ratio": paired_ratio(mine, theirs, "total_s", warm=False),
+                "output_agreement": output_agreement(mine, theirs),
+            }
+    return {"product": PRODUCT.key, "anchors": anchors}
 
 
 def main(argv: list[str] | None = None) -> int:

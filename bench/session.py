@@ -52,7 +52,12 @@ shrinks every size proportionally; the demo uses a small scale so a 2-core CPU
 can replay it in minutes.
 
 The assistant turns are fixed by the generator, not produced by the model, like
-a replay of a captured session: every configuration sees the same bytes.
+a replay of a captured session: every configuration sees the same bytes. Each
+request says how long the reply that answers it in the session is
+(`Request.reply_tokens`); in 2.1.332 those replies are as long as Claude Code's
+at every scale (tool calls and answers of tens to a few hundred tokens, see
+CALL_TEXT_TOKENS and its neighbours), and a title request is sent beside its
+conversation's first main turn (`Request.beside`), as Claude Code does.
 
     python -m stable_prefix.bench.session --scale 0.05 --out /tmp/session   # writes NNNN-<lane>.json
 """
@@ -60,6 +65,7 @@ a replay of a captured session: every configuration sees the same bytes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -114,6 +120,14 @@ LOADED_TOOL = "WebFetch"
 TODAYS_EXPLORE_TOOLS = ("Bash", "Glob", "Grep", "Read", "Skill", "ToolSearch")
 TODAYS_GENERAL_TOOLS = tuple(name for name in TODAYS_TOOLS if name != "Agent")
 FAN_OUT_INSTANCES = 3
+# How long 2.1.332's replies are, in tokens, at every scale (`TextSource.reply_prose`):
+# the text before a turn's tool calls, an answer, a subagent's report, a /compact
+# summary. A title is one short JSON object, in both shapes.
+CALL_TEXT_TOKENS = (15, 60)
+ANSWER_TOKENS = (120, 400)
+REPORT_TOKENS = (150, 400)
+SUMMARY_TOKENS = (300, 700)
+TITLE_REPLY_TOKENS = 16
 
 WORDS = (
     "the a an of to in for with on when before after each every only never always must should may "
@@ -152,6 +166,14 @@ class Request:
     # subagent instances: contiguous in the session, each instance's requests
     # (same `x-claude-code-agent-id`) in order, different instances at once.
     fan_out: str | None = None
+    # About how many tokens the assistant turn that answers it has in the session
+    # (the next assistant message of its lane, a subagent's report, the summary
+    # of a /compact, a title): what a model replying as the captured session did
+    # would decode.
+    reply_tokens: int = 0
+    # The index of the request it is sent beside, at the same time (Claude Code
+    # sends a conversation's title request while its first main turn runs).
+    beside: int | None = None
 
     def body_bytes(self) -> bytes:
         """The exact bytes a client sends: compact JSON, UTF-8, keys in insertion order."""
@@ -167,6 +189,11 @@ class TextSource:
 
     def chars(self, tokens: float) -> int:
         return max(8, int(tokens * self.scale * CHARS_PER_TOKEN))
+
+    def reply_prose(self, tokens: float) -> str:
+        """Prose of about `tokens` tokens at any scale: a reply's length is what the model
+        decodes, and a smaller prompt does not make Claude Code's answers shorter."""
+        return self.prose(tokens / self.scale)
 
     def sentence(self, min_words: int = 6, max_words: int = 16) -> str:
         words = [self.rng.choice(WORDS) for _ in range(self.rng.randint(min_words, max_words))]
@@ -327,6 +354,16 @@ def _with_cache_marker(messages: list[dict]) -> list[dict]:
     return [*sent, latest]
 
 
+def reply_length(reply: dict | str) -> int:
+    """About how many tokens a reply has (an assistant message's text and tool calls, or a text)."""
+    if isinstance(reply, str):
+        return round(len(reply) / CHARS_PER_TOKEN)
+    if isinstance(reply["content"], str):  # a one-text message as the client sends it once unmarked
+        return reply_length(reply["content"])
+    written = [block.get("text", "") if block["type"] == "text" else json.dumps({"name": block["name"], "arguments": block["input"]}) for block in reply["content"]]
+    return round(sum(len(text) for text in written) / CHARS_PER_TOKEN)
+
+
 def _text_message(role: str, text: str) -> dict:
     return {"role": role, "content": [{"type": "text", "text": text}]}
 
@@ -353,8 +390,17 @@ class _Builder:
     def _billing(self, suffix: str, *, subagent: bool) -> dict:
         return billing_block(suffix, subagent=subagent, cch=self._cch(), version=self.version)
 
-    def _emit(self, lane: str, conversation: int, body: dict, headers: dict[str, str] | None = None, fan_out: str | None = None) -> None:
-        self.requests.append(Request(len(self.requests), lane, conversation, body, dict(headers or {}), fan_out))
+    def _emit(
+        self, lane: str, conversation: int, body: dict, headers: dict[str, str] | None = None, fan_out: str | None = None, beside: int | None = None
+    ) -> int:
+        """Append a request; returns its index (`_answered` gives it its reply length later)."""
+        self.requests.append(Request(len(self.requests), lane, conversation, body, dict(headers or {}), fan_out, beside=beside))
+        return len(self.requests) - 1
+
+    def _answered(self, index: int, reply: dict | str | int) -> None:
+        """Request `index` is answered by `reply`: an assistant message, a text, or a length in tokens."""
+        tokens = reply if isinstance(reply, int) else reply_length(reply)
+        self.requests[index] = dataclasses.replace(self.requests[index], reply_tokens=tokens)
 
     def _body(self, model: str, system: list[dict], messages: list[dict], tools: list[dict] | None, max_tokens: int) -> dict:
         body = {"model": model, "messages": _with_cache_marker(messages), "temperature": 1, "system": system}
@@ -391,10 +437,12 @@ class _Builder:
     def _assistant(self, blocks: list[dict]) -> dict:
         return {"role": "assistant", "content": [{"type": "text", "text": self.text.prose(self.rng.uniform(40, 200))}, *blocks]}
 
-    def title_request(self, conversation: int, first_prompt: str, suffix: str, headers: dict[str, str] | None = None) -> None:
+    def title_request(self, conversation: int, first_prompt: str, suffix: str, beside: int, headers: dict[str, str] | None = None) -> None:
+        """The conversation's title request, sent beside its first main turn (request `beside`)."""
         system = [self._billing(suffix, subagent=False), {"type": "text", "text": self.title_instructions}]
         messages = [_text_message("user", first_prompt)]
-        self._emit(TITLE_LANE, conversation, self._body(SMALL_MODEL, system, messages, None, 512), headers)
+        index = self._emit(TITLE_LANE, conversation, self._body(SMALL_MODEL, system, messages, None, 512), headers, beside=beside)
+        self._answered(index, TITLE_REPLY_TOKENS)
 
 
 class _OlderSessionBuilder(_Builder):
@@ -428,10 +476,13 @@ class _OlderSessionBuilder(_Builder):
         messages = [_text_message("user", task_prompt)]
         for _ in range(steps):
             system = self._system(suffix, self.subagent_instructions[lane], self.environments[conversation], subagent=True)
-            self._emit(lane, conversation, self._body(model, system, messages, tools, 32_000))
+            index = self._emit(lane, conversation, self._body(model, system, messages, tools, 32_000))
             call, result = self._tool_call_and_result(self.rng.uniform(300, 1500))
             messages = [*messages, self._assistant([call]), {"role": "user", "content": [result]}]
-        return self.text.prose(self.rng.uniform(200, 600))
+            self._answered(index, messages[-2])
+        report = self.text.prose(self.rng.uniform(200, 600))
+        self._answered(index, report)  # the last request is answered by the report, not another call
+        return report
 
     def main_conversation(self, conversation: int, turns: int, plan: dict[int, str]) -> None:
         """`turns` main requests; `plan` maps a turn (1-based) to what follows its request."""
@@ -443,18 +494,20 @@ class _OlderSessionBuilder(_Builder):
             if step == "tail-reminder":
                 history.append(_system_reminder(self.text))
             system = self._system(suffix, self.main_instructions, self.environments[conversation], subagent=False)
-            self._emit(MAIN_LANE, conversation, self._body(MAIN_MODEL, system, history, list(self.tools.values()), 32_000))
+            index = self._emit(MAIN_LANE, conversation, self._body(MAIN_MODEL, system, history, list(self.tools.values()), 32_000))
             if turn == 1:
-                self.title_request(conversation, first_prompt, suffix)
+                self.title_request(conversation, first_prompt, suffix, beside=index)
             if step in (EXPLORE_LANE, GENERAL_LANE):
                 task_prompt = self.text.prose(self.rng.uniform(80, 250))
                 call = self._tool_use("Task", {"description": self.text.sentence(3, 5), "prompt": task_prompt, "subagent_type": step.split(":", 1)[1]})
                 report = self.subagent_call(step, conversation, task_prompt, steps=3 if step == EXPLORE_LANE else 2)
-                history += [self._assistant([call]), {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": report}]}]
+                turn_round = [self._assistant([call]), {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": report}]}]
             elif step == "answer":
-                history += self._answer_round()
+                turn_round = self._answer_round()
             else:
-                history += self._tool_round()
+                turn_round = self._tool_round()
+            self._answered(index, turn_round[0])
+            history += turn_round
 
     def build(self) -> list[Request]:
         self.main_conversation(
@@ -537,26 +590,40 @@ class _TodaysSessionBuilder(_Builder):
         messages = [_text_message("user", task), _text_message("system", self.subagent_environment)]
         return _Instance(lane, headers, self.text.hex(3), messages, call)
 
-    def _instance_step(self, instance: _Instance, conversation: int, fan_out: str | None) -> None:
+    def _instance_step(self, instance: _Instance, conversation: int, fan_out: str | None, *, last: bool) -> str | None:
+        """One request of the instance, answered by a tool call, or on its `last` step by its report (returned)."""
         kind = instance.lane.split("@")[0]
         names = TODAYS_EXPLORE_TOOLS if kind == EXPLORE_LANE else TODAYS_GENERAL_TOOLS
         model = SMALL_MODEL if kind == EXPLORE_LANE else MAIN_MODEL
         system = self._system(instance.suffix, self.subagent_instructions[kind], subagent=True)
         body = self._body(model, system, instance.messages, self._tools(names), 32_000)
-        self._emit(instance.lane, conversation, body, instance.headers, fan_out)
+        index = self._emit(instance.lane, conversation, body, instance.headers, fan_out)
+        if last:
+            report = self.text.reply_prose(self.rng.uniform(*REPORT_TOKENS))
+            self._answered(index, report)
+            return report
         call, result = self._tool_call_and_result(self.rng.uniform(300, 1500))
         instance.messages += [self._assistant([call]), {"role": "user", "content": [result]}]
+        self._answered(index, instance.messages[-2])
+        return None
 
     def _subagents(self, lanes: list[str], conversation: int, session: str, steps: int, fan_out: str | None) -> list[dict]:
         """Run instances side by side (their requests interleaved); returns the
-        main agent's assistant turn and the user's results."""
+        main agent's assistant turn and the user's results (each instance's report)."""
         calls: list[dict] = []
         instances = [self._start_instance(lane, session, calls) for lane in lanes]
-        for _ in range(steps):
+        reports: dict[str, str] = {}
+        for step in range(steps):
             for instance in instances:
-                self._instance_step(instance, conversation, fan_out)
-        results = [{"type": "tool_result", "tool_use_id": i.call["id"], "content": self.text.prose(self.rng.uniform(200, 600))} for i in instances]
+                if (report := self._instance_step(instance, conversation, fan_out, last=step == steps - 1)) is not None:
+                    reports[instance.lane] = report
+        results = [{"type": "tool_result", "tool_use_id": i.call["id"], "content": reports[i.lane]} for i in instances]
         return [self._assistant(calls), {"role": "user", "content": results}]
+
+    def _assistant(self, blocks: list[dict]) -> dict:
+        """A reply of 2.1.332's length: a short text before tool calls, or an answer."""
+        low, high = CALL_TEXT_TOKENS if blocks else ANSWER_TOKENS
+        return {"role": "assistant", "content": [{"type": "text", "text": self.text.reply_prose(self.rng.uniform(low, high))}, *blocks]}
 
     # -- the main agent -------------------------------------------------------------------
 
@@ -579,23 +646,25 @@ class _TodaysSessionBuilder(_Builder):
             if step == "tail-reminder":
                 history.append(_system_reminder(self.text))
             system = self._system(suffix, self.main_instructions, subagent=False)
-            self._emit(MAIN_LANE, conversation, self._body(MAIN_MODEL, system, history, self._tools(tuple(TODAYS_TOOLS), loaded), 32_000), headers)
+            index = self._emit(MAIN_LANE, conversation, self._body(MAIN_MODEL, system, history, self._tools(tuple(TODAYS_TOOLS), loaded), 32_000), headers)
             if turn == 1 and step != "no-title":
-                self.title_request(conversation, history[0]["content"][-1]["text"], suffix, headers)
+                self.title_request(conversation, history[0]["content"][-1]["text"], suffix, index, headers)
             if step == "fan-out":
                 lanes = [f"{EXPLORE_LANE}@{number}" for number in range(1, FAN_OUT_INSTANCES + 1)]
-                history += self._subagents(lanes, conversation, session, steps=3, fan_out=f"explore-{conversation}-{turn}")
+                turn_round = self._subagents(lanes, conversation, session, steps=3, fan_out=f"explore-{conversation}-{turn}")
             elif step in (EXPLORE_LANE, GENERAL_LANE):
-                history += self._subagents([step], conversation, session, steps=2, fan_out=None)
+                turn_round = self._subagents([step], conversation, session, steps=2, fan_out=None)
             elif step == "tool-search":
-                history += self._tool_search_round()
+                turn_round = self._tool_search_round()
                 loaded += (LOADED_TOOL,)
             elif step == "use-loaded":
-                history += self._loaded_tool_round()
+                turn_round = self._loaded_tool_round()
             elif step in ("answer", "no-title"):
-                history += self._answer_round()
+                turn_round = self._answer_round()
             else:
-                history += self._tool_round()
+                turn_round = self._tool_round()
+            self._answered(index, turn_round[0])
+            history += turn_round
         return history
 
     def _opening(self, conversation: int) -> list[dict]:
@@ -609,8 +678,9 @@ class _TodaysSessionBuilder(_Builder):
         system = self._system(self.text.hex(3), self.main_instructions, subagent=False)
         request = [*history, self._assistant([]), _text_message("user", self.text.prose(SYSTEM_REMINDER_TOKENS))]
         tools = self._tools(tuple(TODAYS_TOOLS), (LOADED_TOOL,))
-        self._emit(MAIN_LANE, conversation, self._body(MAIN_MODEL, system, request, tools, 32_000), {SESSION_ID_HEADER: session})
-        summary = _text_message("user", self.text.prose(self.rng.uniform(400, 800)))
+        index = self._emit(MAIN_LANE, conversation, self._body(MAIN_MODEL, system, request, tools, 32_000), {SESSION_ID_HEADER: session})
+        summary = _text_message("user", self.text.reply_prose(self.rng.uniform(*SUMMARY_TOKENS)))
+        self._answered(index, summary)  # the summary is this request's reply, sent back as the next conversation's start
         prompt = {"role": "user", "content": [{"type": "text", "text": self._git_status(conversation)}, {"type": "text", "text": self.text.prose(60)}]}
         return [summary, {"role": "system", "content": []}, self._assistant([]), prompt, _text_message("system", self.environment)]
 

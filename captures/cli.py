@@ -23,7 +23,7 @@ def cached_tokens(usage: dict | None) -> int | None:
         return None
     if "cache_read_input_tokens" in usage:
         return usage["cache_read_input_tokens"]
-    details = usage.get("prompt_tokens_details")
+    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))  # chat completions, Responses
     return details.get("cached_tokens") if isinstance(details, dict) else None
 
 
@@ -37,7 +37,7 @@ def cause(pair: pairs.Pair) -> str:
 
 
 def print_changes(changes: list[pairs.PathChange]) -> None:
-    print(f"changed paths (cache_control and one-text-block lists ignored, as in prompt order): {len(changes)}")
+    print(f"changed paths (cache_control, one-text-block lists and Responses item ids ignored, as in prompt order): {len(changes)}")
     width = max((len(change.path) for change in changes), default=0)
     for change in changes:
         old, new = change.abbreviated()

@@ -31,8 +31,11 @@ class RequestFile:
 
 
 def guess_api(body: dict) -> Api:
-    """Raw bodies carry no path: OpenAI bodies have function tools or
-    role:tool messages and no top-level `system`."""
+    """Raw bodies carry no path: Responses bodies have `input` and no
+    `messages`; OpenAI bodies have function tools or role:tool messages and no
+    top-level `system`."""
+    if "input" in body and "messages" not in body:
+        return "responses"
     if "system" in body:
         return "anthropic"
     tools = body.get("tools") if isinstance(body.get("tools"), list) else []
@@ -61,8 +64,8 @@ def load(path: str | Path) -> RequestFile:
         api = (document.get("request") or {}).get("api") or guess_api(client)
         headers = (document.get("request") or {}).get("headers")
         return RequestFile(path, True, api, client, forwarded, document.get("lane"), document.get("response"), headers if isinstance(headers, dict) else None)
-    if not isinstance(document.get("messages"), list):
-        raise InputError(f"{path}: neither a capture record (no \"format\": {RECORD_FORMAT!r}) nor a request body (no \"messages\" list)")
+    if not isinstance(document.get("messages"), list) and not isinstance(document.get("input"), (str, list)):
+        raise InputError(f"{path}: neither a capture record (no \"format\": {RECORD_FORMAT!r}) nor a request body (no \"messages\" list, no Responses \"input\")")
     return RequestFile(path, False, guess_api(document), document, None, None, None)
 
 

@@ -3,7 +3,8 @@
 The prefix part is `addons.diagnosis` (the proxy's own code). The structural
 part is deepdiff over the two bodies read as prompt order reads them
 (`canonical_value`: no `cache_control`, a one-text-block content list as its
-text): those differences move every turn and change nothing the model reads.
+text; Responses input items without `id` and `status`): those differences
+move every turn and change nothing the model reads.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
+from stable_prefix.addons import responses_input
 from stable_prefix.addons.diagnosis import Diagnosis, PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.normalize import Rules, normalize
+from stable_prefix.addons.normalize import Api, Rules, normalize
 from stable_prefix.addons.prompt_order import canonical_value
+from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.captures.inputs import RequestFile
 
 DEFAULT_RULES = Rules()
@@ -89,8 +92,15 @@ def format_path(keys: list) -> str:
     return path
 
 
-def changed_paths(before: dict, after: dict) -> list[PathChange]:
-    diff = DeepDiff(canonical_value(before), canonical_value(after), view="tree")
+def as_read(body: dict, api: Api) -> Any:
+    """A body as prompt order reads it (see the module docstring)."""
+    if api == "responses" and isinstance(body.get("input"), list):
+        body = {**body, "input": [responses_input.rendered(item) for item in body["input"]]}
+    return canonical_value(body)
+
+
+def changed_paths(before: dict, after: dict, api: Api) -> list[PathChange]:
+    diff = DeepDiff(as_read(before, api), as_read(after, api), view="tree")
     changes = []
     for report_type, levels in diff.items():
         kind = _CHANGE_KINDS.get(report_type, report_type)
@@ -101,7 +111,7 @@ def changed_paths(before: dict, after: dict) -> list[PathChange]:
     return sorted(changes, key=lambda change: _sort_key(change.path))
 
 
-_PROMPT_RANK = {"system": 0, "tools": 1, "messages": 2}
+_PROMPT_RANK = {"system": 0, "instructions": 0, "tools": 1, "messages": 2, "input": 2}
 
 
 def _sort_key(path: str) -> list:
@@ -134,19 +144,26 @@ def diff(a: RequestFile, b: RequestFile, *, normalized: bool) -> tuple[Pair, lis
         warnings.append(f"different lanes ({lanes[0]} vs {lanes[1]}): these are different agents, a prefix break is expected")
     for request, body in zip((a, b), bodies, strict=True):
         result = tracker.observe(PromptSnapshot.of(request.client_body, request.api, request.headers), body, lane=lanes[1])
-    return Pair(a, b, result, changed_paths(bodies[0], bodies[1])), warnings
+    return Pair(a, b, result, changed_paths(bodies[0], bodies[1], b.api)), warnings
 
 
 def report(requests: list[RequestFile]) -> tuple[list[Pair], PrefixDiagnosis]:
-    """Consecutive requests of each lane, as the backend saw them."""
+    """Consecutive requests of each lane, as the backend saw them (a Responses
+    request that continues a captured response read with that response's history)."""
     tracker = PrefixDiagnosis()
+    chains = ResponseChains()
     previous_by_lane: dict[str, tuple[RequestFile, dict]] = {}
     pairs = []
     for request in requests:
-        body = backend_body(request)
-        result = tracker.observe(PromptSnapshot.of(request.client_body, request.api, request.headers), body, lane=request.lane)
+        body, client_body = backend_body(request), request.client_body
+        if request.api == "responses":
+            answer = request.response or {}
+            forwarded, body, client_body = body, chains.resolved(body), chains.resolved(client_body)
+            if answer.get("status") == 200:
+                chains.remember(forwarded, {"id": answer.get("response_id"), "output": answer.get("output")})
+        result = tracker.observe(PromptSnapshot.of(client_body, request.api, request.headers), body, lane=request.lane)
         if result.lane in previous_by_lane:
             previous, previous_body = previous_by_lane[result.lane]
-            pairs.append(Pair(previous, request, result, changed_paths(previous_body, body)))
+            pairs.append(Pair(previous, request, result, changed_paths(previous_body, body, request.api)))
         previous_by_lane[result.lane] = (request, body)
     return pairs, tracker

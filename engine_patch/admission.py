@@ -39,8 +39,8 @@ from .usage_fields import ANTHROPIC_PATHS, GenerationMiddleware
 
 logger = logging.getLogger("engine_patch")
 
-# The usage fields' paths, and the Responses API (no usage rewriting there, but its prompts are refused too).
-OPENAI_PATHS = usage_fields.OPENAI_PATHS | {"/v1/responses"}
+# OpenAI's error shape: chat and text completions, and the Responses API.
+OPENAI_PATHS = usage_fields.OPENAI_PATHS | usage_fields.RESPONSES_PATHS
 # How long an event stream's start waits for the engine's verdict on its prompt:
 # long enough to tokenize a multi-megabyte paste, short enough that a request
 # queued behind another one is not left without response headers.

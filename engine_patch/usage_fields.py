@@ -3,7 +3,10 @@
 Anthropic: `usage.cache_read_input_tokens` is the part of the prompt read from
 cache and `usage.input_tokens` the rest (Claude Code adds the two for its
 context meter). OpenAI: `usage.prompt_tokens_details.cached_tokens`, with
-`prompt_tokens` staying the whole prompt.
+`prompt_tokens` staying the whole prompt. Responses API:
+`usage.input_tokens_details.cached_tokens`, with `input_tokens` staying the
+whole prompt (vllm-mlx 0.6.0 always says 0 there); in a stream the usage is in
+the final event's response object (`response.completed`).
 
 The numbers are filled in by an ASGI middleware around vllm-mlx's app, so every
 route and response shape of any vllm-mlx version gets them without patching
@@ -19,6 +22,7 @@ from .request_reuse import RequestReuse, begin_request, end_request
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+RESPONSES_PATHS = frozenset({"/v1/responses"})
 
 
 def add_anthropic_reuse(usage: dict[str, Any], reuse: RequestReuse) -> None:
@@ -37,6 +41,13 @@ def add_openai_reuse(usage: dict[str, Any], reuse: RequestReuse) -> None:
     details["cached_tokens"] = reuse.reused
 
 
+def add_responses_reuse(usage: dict[str, Any], reuse: RequestReuse) -> None:
+    details = usage.get("input_tokens_details")
+    if not isinstance(details, dict):
+        details = usage["input_tokens_details"] = {}
+    details["cached_tokens"] = reuse.reused
+
+
 def add_reuse_to_payload(payload: Any, path: str, reuse: RequestReuse) -> bool:
     """Add the reuse to every usage object in one response or stream event."""
     if not isinstance(payload, dict):
@@ -44,10 +55,11 @@ def add_reuse_to_payload(payload: Any, path: str, reuse: RequestReuse) -> bool:
     usages = []
     if isinstance(payload.get("usage"), dict):
         usages.append(payload["usage"])
-    message = payload.get("message")
-    if isinstance(message, dict) and isinstance(message.get("usage"), dict):
-        usages.append(message["usage"])  # Anthropic's message_start event
-    add = add_anthropic_reuse if path in ANTHROPIC_PATHS else add_openai_reuse
+    for holder in ("message", "response"):  # Anthropic's message_start event; a Responses stream's final event
+        nested = payload.get(holder)
+        if isinstance(nested, dict) and isinstance(nested.get("usage"), dict):
+            usages.append(nested["usage"])
+    add = add_anthropic_reuse if path in ANTHROPIC_PATHS else add_responses_reuse if path in RESPONSES_PATHS else add_openai_reuse
     for usage in usages:
         add(usage, reuse)
     return bool(usages)
@@ -94,7 +106,7 @@ class SseUsageRewriter:
 class GenerationMiddleware:
     """ASGI middleware that acts on POSTs to the generation endpoints in `paths` (`handle`) and passes the rest."""
 
-    paths: frozenset[str] = ANTHROPIC_PATHS | OPENAI_PATHS
+    paths: frozenset[str] = ANTHROPIC_PATHS | OPENAI_PATHS | RESPONSES_PATHS
 
     def __init__(self, app):
         self.app = app

@@ -26,16 +26,17 @@ class CannotLaunch(Exception):
     """A usage error, or no running stack: the message says which and what to do."""
 
 
-def split_arguments(argv: list[str]) -> tuple[int, str | None, list[str]]:
-    """Our flags come first; everything from the first other argument on is Claude Code's."""
+def split_arguments(argv: list[str], binary_flag: str = "--claude", usage: str = USAGE) -> tuple[int, str | None, list[str]]:
+    """Our flags (`--port`, and `binary_flag` naming the agent's binary) come
+    first; everything from the first other argument on is the agent's."""
     port, binary = DEFAULT_PORT, None
-    while argv and argv[0] in ("--port", "--claude"):
+    while argv and argv[0] in ("--port", binary_flag):
         if len(argv) < 2:
-            raise CannotLaunch(f"{argv[0]} needs a value\n{USAGE}")
+            raise CannotLaunch(f"{argv[0]} needs a value\n{usage}")
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--port":
             if not value.isdigit():
-                raise CannotLaunch(f"--port {value!r}: not a port number\n{USAGE}")
+                raise CannotLaunch(f"--port {value!r}: not a port number\n{usage}")
             port = int(value)
         else:
             binary = value

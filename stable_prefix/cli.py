@@ -32,6 +32,12 @@ def _claude(argv: list[str]) -> int:
     return main(argv)
 
 
+def _codex(argv: list[str]) -> int:
+    from stable_prefix.codex import main
+
+    return main(argv)
+
+
 def _captures(command: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
         from stable_prefix.captures.cli import main
@@ -45,6 +51,7 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _up),
     "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _claude),
+    "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _codex),
     "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
               _engine_patch("serve")),
     "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),

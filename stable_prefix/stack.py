@@ -206,6 +206,7 @@ def client_instructions(options: StackOptions, proxy_url: str) -> str:
         f"    stable-prefix claude{port_flag}\n"
         f"or in any shell (unset ANTHROPIC_API_KEY first, if you have one set):\n"
         f"    {exports} \\\n    claude\n\n"
+        f"Codex CLI (the Responses API): stable-prefix codex{port_flag} [codex arguments]\n\n"
         f"claude-code-router instead: ~/.claude-code-router/config.json, then "
         f"`CLAUDE_CODE_MAX_OUTPUT_TOKENS={options.max_tokens} ccr code`:\n"
         + "\n".join("    " + line for line in config.splitlines())

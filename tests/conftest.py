@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_code
+from stable_prefix.tools import claude_code, codex_cli
 
 # Servers started by tests keep their KV snapshots in RAM only: no test reads or
 # writes the user's ~/.cache, and no snapshot carries from one test's server to
@@ -20,3 +20,12 @@ def claude_binary() -> Path:
         return claude_code.install()
     except claude_code.ClaudeCodeUnavailable as error:
         pytest.fail(f"the tests that run the real Claude Code CLI cannot run: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def codex_binary() -> Path:
+    """The pinned Codex CLI, installed from npm into .codex-cli/ once."""
+    try:
+        return codex_cli.install()
+    except codex_cli.CodexUnavailable as error:
+        pytest.fail(f"the tests that run the real Codex CLI cannot run: {error}", pytrace=False)

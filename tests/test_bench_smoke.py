@@ -38,10 +38,14 @@ def rows_of(data, key):
 
 def test_every_output_file_is_written(result):
     out, _ = result
-    table_rows = [line.split(":")[0] for line in (out / "latest.md").read_text().splitlines() if line.startswith("| ") and ": " in line]
+    lines = (out / "latest.md").read_text().splitlines()
+    first_table = lines[lines.index(next(line for line in lines if line.startswith("| configuration |"))) + 2 :]
+    table_rows = [line.split(":")[0] for line in first_table[: first_table.index("")]]
     assert table_rows == [f"| {key}" for key in CONFIGS]
     assert (out / "latest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "Targets, in this run: the product (4) against" in (out / "latest.md").read_text()
+    report = (out / "latest.md").read_text()
+    assert "Targets (issue 16), the product (4-patched+addon) in this run:" in report
+    assert "| figure | 7-batched+addon |" in report  # the paired ratios against the anchor in the run
 
 
 def test_json_has_rows_for_every_request_of_every_configuration_fan_out_included(result):
@@ -52,6 +56,29 @@ def test_json_has_rows_for_every_request_of_every_configuration_fan_out_included
     assert all(row["status"] == 200 and row["error"] is None for row in data["rows"])
     for summary in by_key(data).values():
         assert summary["fan_out_requests"] == fan_out["requests"] and summary["fan_out_wall_s"] > 0
+
+
+def test_every_reply_is_timed_to_its_end_and_counted_in_output_tokens(result):
+    _, data = result
+    assert data["replay"]["temperature"] == 0 and data["replay"]["max_tokens"] == 4
+    for row in data["rows"]:
+        assert 1 <= row["output_tokens"] <= row["max_tokens"] == 4 and row["total_s"] >= row["ttft_s"], row
+
+
+def test_the_product_and_the_anchor_behind_the_addon_decode_the_same_replies(result):
+    # The same normalized prompts, greedy: turn times compare at equal output length.
+    _, data = result
+    anchor = data["comparison"]["anchors"]["7-batched+addon"]
+    assert anchor["output_agreement"]["equal"] == anchor["output_agreement"]["requests"] == data["session"]["requests"]
+    assert anchor["paired_turn_ratio"]["all"]["rescaled"] == 0 and anchor["paired_turn_ratio"]["all"]["requests"] > 0
+
+
+def test_the_title_goes_out_beside_the_first_main_turn(result):
+    _, data = result
+    for key in CONFIGS:
+        main, title = rows_of(data, key)[:2]
+        assert title["lane"] == "title" and title["beside"] == main["index"] == 0
+        assert main["started_s"] <= title["started_s"] < main["started_s"] + main["total_s"]
 
 
 def test_the_fan_out_instances_are_sent_at_the_same_time(result):
@@ -124,7 +151,9 @@ def test_product_prefills_less_than_vllm_mlx_as_shipped(result):
 def test_the_product_rows_carry_the_addons_diagnosis_and_their_reuse_from_usage(result):
     _, data = result
     product_rows = rows_of(data, "4-patched+addon")
-    assert all(row["diagnosis"] and row["diagnosis"].startswith("lane ") for row in product_rows if not row["fan_out"])
+    accompanied = {row["beside"] for row in product_rows if row["beside"] is not None}
+    sent_alone = [row for row in product_rows if not row["fan_out"] and row["beside"] is None and row["index"] not in accompanied]
+    assert sent_alone and all(row["diagnosis"] and row["diagnosis"].startswith("lane ") for row in sent_alone)
     assert all(row["reuse_source"] == "usage" for row in product_rows)
 
 

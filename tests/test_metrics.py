@@ -3,14 +3,17 @@
 import pytest
 
 from stable_prefix.bench.metrics import (
+    decode_tokens_per_s,
     fan_out_wall_s,
     mark_cold_and_warm,
     median_confidence_interval,
+    output_agreement,
     paired_difference_ms,
-    paired_ttft_ratio,
+    paired_ratio,
     percentile,
     reuse_efficiency,
     summarize,
+    turn_at_length,
     warm_prefill_over_new_content,
     warm_ttft_growth_ms_per_1k_tokens,
 )
@@ -18,7 +21,7 @@ from stable_prefix.bench.prefill_reference import prefill_seconds
 from stable_prefix.bench.prompt_tokens import common_prefix_length, ideal_reusable_tokens
 
 
-def row(lane, conversation, prompt, ideal, reused, ttft, total=None):
+def row(lane, conversation, prompt, ideal, reused, ttft, total=None, output=11):
     return {
         "lane": lane,
         "conversation": conversation,
@@ -27,6 +30,7 @@ def row(lane, conversation, prompt, ideal, reused, ttft, total=None):
         "reused_tokens": reused,
         "ttft_s": ttft,
         "total_s": total if total is not None else ttft + 0.5,
+        "output_tokens": output,
     }
 
 
@@ -75,7 +79,8 @@ def test_summary_medians_cold_and_warm_per_lane(trace):
     assert summary["lanes"]["main"]["cold_ttft_median_s"] == 8.0  # 10, 6
     assert summary["lanes"]["main"]["warm_ttft_median_s"] == 2.5  # 2, 3
     assert summary["lanes"]["sub:explore"] == {
-        "requests": 2, "cold_ttft_median_s": 4.0, "warm_ttft_median_s": 1.0, "reuse_efficiency": pytest.approx(400 / 410),
+        "requests": 2, "cold_ttft_median_s": 4.0, "warm_ttft_median_s": 1.0, "cold_turn_median_s": 4.5, "warm_turn_median_s": 1.5,
+        "output_tokens": 22, "decode_tokens_per_s": pytest.approx(20.0), "reuse_efficiency": pytest.approx(400 / 410),
     }
     assert summary["tokens_reused"] == 3400
     assert summary["tokens_prefilled"] == 6600 - 3400
@@ -219,13 +224,74 @@ def test_ideal_reuse_leaves_the_last_token_of_a_repeated_prompt_to_compute():
     assert ideal_reusable_tokens([[1, 2, 3], [1, 2, 3]]) == [0, 2]
 
 
-def test_the_paired_ttft_ratio_compares_each_warm_request_with_itself_in_the_other_configuration(trace):
-    for index, each in enumerate(trace):
+def indexed(rows):
+    for index, each in enumerate(rows):
         each["index"] = index
+    return rows
+
+
+def test_the_paired_ttft_ratio_compares_each_warm_request_with_itself_in_the_other_configuration(trace):
+    indexed(trace)
     other = [dict(each, ttft_s=each["ttft_s"] * 2) for each in trace]  # twice as slow on every request
     other[3]["ttft_s"] = trace[3]["ttft_s"]  # ... but one: the same
-    comparison = paired_ttft_ratio(trace, other)
+    comparison = paired_ratio(trace, other)
     assert comparison["all"]["requests"] == 3  # the warm ones
     assert comparison["all"]["median"] == 0.5
-    assert comparison["lanes"]["main"] == {"requests": 2, "median": 0.5, "ci95": [0.5, 0.5], "within_noise": False}
+    assert comparison["lanes"]["main"] == {"requests": 2, "median": 0.5, "ci95": [0.5, 0.5], "within_noise": False, "rescaled": 0}
     assert comparison["lanes"]["sub:explore"]["median"] == 1.0 and comparison["lanes"]["sub:explore"]["ci95"] is None
+
+
+def test_the_turn_time_is_until_the_reply_ends_and_decoding_is_the_time_after_the_first_token(trace):
+    summary = summarize(trace)
+    assert summary["warm_turn_median_s"] == 2.5  # 2.5, 1.5, 3.5
+    assert summary["cold_turn_median_s"] == 6.5  # 10.5, 4.5, 6.5
+    assert summary["output_tokens"] == 66
+    assert summary["decode_tokens_per_s"] == pytest.approx(20.0)  # 10 tokens after the first in 0.5 s, every request
+
+
+def test_decode_rate_sums_tokens_and_seconds_and_skips_replies_of_one_token():
+    rows = [row("main", 0, 10, 0, 0, 1.0, total=2.0, output=11), row("main", 0, 10, 0, 0, 1.0, total=5.0, output=41), row("main", 0, 10, 0, 0, 1.0, output=1)]
+    assert decode_tokens_per_s(rows) == pytest.approx((10 + 40) / (1.0 + 4.0))
+    assert decode_tokens_per_s(rows[2:]) is None
+
+
+def test_an_unknown_output_count_makes_the_total_unknown_not_smaller(trace):
+    trace[1]["output_tokens"] = None
+    assert summarize(trace)["output_tokens"] is None
+
+
+def test_a_turn_time_is_rescaled_to_another_length_by_its_own_time_per_decoded_token():
+    reply = row("main", 0, 10, 0, 0, 1.0, total=3.0, output=21)  # 20 tokens after the first in 2 s
+    assert turn_at_length(reply, 21) == 3.0
+    assert turn_at_length(reply, 11) == pytest.approx(2.0)
+    assert turn_at_length(reply, 41) == pytest.approx(5.0)
+    assert turn_at_length(row("main", 0, 10, 0, 0, 1.0, output=1), 5) is None  # no decode rate to rescale by
+
+
+def test_turn_times_pair_at_equal_output_length_and_say_how_many_were_rescaled(trace):
+    indexed(trace)
+    other = [dict(each, total_s=each["total_s"] * 2) for each in trace]
+    other[2]["output_tokens"] = 21  # the anchor decoded twice as many tokens for #2: 4.0 s, against 2.0 + 20 * 0.05 = 3.0 s
+    comparison = paired_ratio(trace, other, "total_s")
+    assert comparison["lanes"]["main"]["rescaled"] == 1 and comparison["all"]["rescaled"] == 1
+    ratios = sorted([3.0 / 5.0, 3.5 / 7.0])  # #2 rescaled to 21 tokens: 3.0 s against 5.0 s; #4 as measured
+    assert comparison["lanes"]["main"]["median"] == pytest.approx(sum(ratios) / 2)
+    assert comparison["lanes"]["sub:explore"] == {"requests": 1, "median": 0.5, "ci95": None, "within_noise": None, "rescaled": 0}
+
+
+def test_a_paired_ratio_of_an_unknown_figure_is_refused(trace):
+    with pytest.raises(ValueError, match="'output_tokens'"):
+        paired_ratio(trace, trace, "output_tokens")
+
+
+def test_output_agreement_lists_the_requests_that_decoded_different_lengths(trace):
+    indexed(trace)
+    other = [dict(each) for each in trace]
+    other[2]["output_tokens"], other[5]["output_tokens"] = 30, None
+    assert output_agreement(trace, other) == {"requests": 5, "equal": 4, "differing": [2], "unknown": 1}
+
+
+def test_requests_sent_beside_another_are_summarized_as_such(trace):
+    trace[1]["beside"] = 0  # the subagent's first request, as if sent beside the first main turn
+    assert summarize(trace)["beside"] == {"requests": 1, "ttft_median_s": 4.0, "turn_median_s": 4.5, "output_tokens": 11}
+    assert summarize(trace[2:])["beside"] is None

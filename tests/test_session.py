@@ -1,8 +1,10 @@
 """The replayed session: deterministic, and shaped like Claude Code traffic
 (2.1.332 by default, 2.1.197 as a variant)."""
 
+import hashlib
 import json
 import re
+import statistics
 
 import pytest
 
@@ -18,7 +20,9 @@ from stable_prefix.bench.session import (
     OLDER_SHAPE,
     SESSION_ID_HEADER,
     TITLE_LANE,
+    TITLE_REPLY_TOKENS,
     generate_session,
+    reply_length,
 )
 
 BILLING = re.compile(
@@ -304,3 +308,49 @@ def test_through_the_rules_a_new_conversation_keeps_system_tools_and_environment
     comparison = compare(*orders)
     assert comparison.first_divergence.path.startswith("messages[1].content[0].text")  # the git status
     assert comparison.stable_prefix_ratio > 0.9
+
+
+# --- replies: how long each request's answer is, and what goes out together -------------------------
+
+
+def test_the_older_shape_is_byte_for_byte_the_session_of_earlier_results():
+    # Reply lengths and the title's companion are annotations: the 2.1.197 bytes did not move.
+    sent = b"".join(r.body_bytes() for r in generate_session(0, 0.2, shape=OLDER_SHAPE))
+    assert hashlib.sha256(sent).hexdigest() == "247cce7d12327851ee24fa01febb4dad1800cc334dda30b73821ce1ca044d3fa"
+
+
+def test_a_main_turns_reply_is_the_assistant_message_the_next_turn_carries(today):
+    main = main_requests(today, 0)
+    for request, following in zip(main, main[1:]):
+        answered = following.body["messages"][len(request.body["messages"])]
+        assert answered["role"] == "assistant"
+        assert request.reply_tokens == reply_length(answered) > 0
+
+
+def test_a_subagent_instances_last_request_is_answered_by_its_report(today):
+    group = [r for r in today if r.fan_out]
+    last = {r.lane: r for r in group}  # each instance's last request
+    after = next(r for r in main_requests(today) if r.index > group[-1].index)
+    reports = [block["content"] for block in after.body["messages"][-1]["content"] if block["type"] == "tool_result"]
+    assert sorted(r.reply_tokens for r in last.values()) == sorted(reply_length(report) for report in reports)
+
+
+def test_every_title_request_goes_out_beside_its_conversations_first_main_turn(today):
+    titles = [r for r in today if r.lane == TITLE_LANE]
+    assert titles and all(r.reply_tokens == TITLE_REPLY_TOKENS for r in titles)
+    for title in titles:
+        beside = today[title.beside]
+        assert beside.lane == MAIN_LANE and beside.conversation == title.conversation and beside == main_requests(today, title.conversation)[0]
+    assert all(r.beside is None for r in today if r.lane != TITLE_LANE)
+
+
+@pytest.mark.parametrize("scale", [0.04, 0.2, 1.0])
+def test_todays_replies_are_tool_calls_and_answers_of_tens_to_a_few_hundred_tokens_at_any_scale(scale):
+    replies = [r.reply_tokens for r in generate_session(seed=2, scale=scale) if r.lane != TITLE_LANE]
+    assert 40 <= statistics.median(replies) <= 150 and max(replies) <= 800
+    assert min(replies) >= 10
+
+
+def test_the_compaction_request_is_answered_by_the_summary_the_next_conversation_starts_from(today):
+    summary_request, compacted = main_requests(today, 1)[-1], main_requests(today, 2)[0]
+    assert summary_request.reply_tokens == reply_length(compacted.body["messages"][0]["content"]) >= 300

@@ -32,6 +32,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from stable_prefix.tools import npm_package
+from stable_prefix.tools.scratch_repository import ScratchRepository
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_PACKAGE = "@anthropic-ai/claude-code"
 # Pinned: the request shapes (tools, system blocks, side requests) change between releases.
@@ -110,30 +113,14 @@ def stack_environment(base_url: str, model: str, max_output_tokens: int) -> dict
 
 def user_binary(explicit: str | None = None) -> Path:
     """The Claude Code to launch for a user: `explicit`, else `claude` on PATH, else the pinned one in `.claude-cli/`."""
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not os.access(path, os.X_OK):
-            raise ClaudeCodeUnavailable(f"{explicit}: not an executable file")
-        return path
-    on_path = shutil.which("claude")
-    if on_path:
-        return Path(on_path)
-    pinned = find_binary()
-    if pinned:
-        return pinned
-    raise ClaudeCodeUnavailable(
-        f"no Claude Code found: none on PATH and none in {DEFAULT_CLI_DIR}. Install it with "
-        f"`npm install -g {CLI_PACKAGE}`, or the pinned {CLI_VERSION} with `python -m stable_prefix.tools.claude_code install`.")
+    return npm_package.user_binary(explicit, "claude", find_binary(), ClaudeCodeUnavailable,
+                                   f"Install it with `npm install -g {CLI_PACKAGE}`, or the pinned {CLI_VERSION} into "
+                                   f"{DEFAULT_CLI_DIR} with `python -m stable_prefix.tools.claude_code install`.")
 
 
 def installed_version(binary: Path) -> str | None:
-    try:
-        completed = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60,
-                                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"})
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    # `2.1.332 (Claude Code)`
-    return completed.stdout.split()[0] if completed.returncode == 0 and completed.stdout.strip() else None
+    words = npm_package.version_words(binary)  # `2.1.332 (Claude Code)`
+    return words[0] if words else None
 
 
 def install(cli_dir: Path = DEFAULT_CLI_DIR, version: str = CLI_VERSION) -> Path:
@@ -141,17 +128,7 @@ def install(cli_dir: Path = DEFAULT_CLI_DIR, version: str = CLI_VERSION) -> Path
     binary = find_binary(cli_dir)
     if binary and installed_version(binary) == version:
         return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        raise ClaudeCodeUnavailable(
-            f"npm not found on PATH, so Claude Code {version} cannot be installed into {cli_dir}. "
-            "Install Node.js with npm (https://nodejs.org) and run `make e2e-claude` again.")
-    command = [npm, "install", "--prefix", str(cli_dir), "--no-audit", "--no-fund", "--no-save",
-               "--loglevel=error", f"{CLI_PACKAGE}@{version}"]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if completed.returncode != 0:
-        raise ClaudeCodeUnavailable(
-            f"`{' '.join(command)}` failed with exit code {completed.returncode}:\n{completed.stderr[-3000:]}")
+    npm_package.npm_install(cli_dir, CLI_PACKAGE, version, ClaudeCodeUnavailable)
     binary = find_binary(cli_dir)
     if binary is None:
         raise ClaudeCodeUnavailable(
@@ -179,8 +156,7 @@ class Sandbox:
         for folder in (sandbox.home, sandbox.config_dir, sandbox.workdir):
             folder.mkdir(parents=True, exist_ok=True)
         if git_repository:
-            sandbox.git("init", "--quiet", "--initial-branch=main")
-            sandbox.commit("README.md", "A small project.\n", "Start the project")
+            sandbox.repository.start()
         # Each key answers a first-run dialog that would otherwise wait for a keypress.
         global_config = {
             "hasCompletedOnboarding": True,
@@ -196,21 +172,13 @@ class Sandbox:
         (sandbox.config_dir / ".claude.json").write_text(json.dumps(global_config, indent=2))
         return sandbox
 
-    def git(self, *arguments: str) -> str:
-        """Run git in the working directory, with an identity of its own and none of the caller's config."""
-        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "GIT_CONFIG_NOSYSTEM": "1",
-                       "GIT_AUTHOR_NAME": "Sandbox", "GIT_AUTHOR_EMAIL": "sandbox@example.invalid",
-                       "GIT_COMMITTER_NAME": "Sandbox", "GIT_COMMITTER_EMAIL": "sandbox@example.invalid"}
-        completed = subprocess.run(["git", *arguments], cwd=self.workdir, env=environment, capture_output=True, text=True, timeout=60)
-        if completed.returncode != 0:
-            raise RuntimeError(f"git {' '.join(arguments)} in {self.workdir} failed: {completed.stderr.strip()}")
-        return completed.stdout
+    @property
+    def repository(self) -> ScratchRepository:
+        return ScratchRepository(self.workdir, self.home)
 
     def commit(self, path: str, text: str, message: str) -> None:
         """Write a file and commit it (a change the next conversation's git status shows)."""
-        (self.workdir / path).write_text(text)
-        self.git("add", path)
-        self.git("commit", "--quiet", "-m", message)
+        self.repository.commit(path, text, message)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stable_prefix.tools import npm_package
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, REQUEST_TIMEOUT_MS, ClaudeCodeUnavailable
 
 ROUTER_PACKAGE = "@musistudio/claude-code-router"
@@ -78,15 +79,7 @@ def install(router_dir: Path = DEFAULT_ROUTER_DIR, version: str = ROUTER_VERSION
     cli = find_router(router_dir)
     if cli and installed_version(router_dir) == version:
         return cli
-    npm = shutil.which("npm")
-    if npm is None:
-        raise ClaudeCodeUnavailable(f"npm not found on PATH, so {ROUTER_PACKAGE} {version} cannot be installed into {router_dir}")
-    router_dir.mkdir(parents=True, exist_ok=True)
-    command = [npm, "install", "--prefix", str(router_dir), "--no-audit", "--no-fund", "--no-save", "--loglevel=error",
-               f"{ROUTER_PACKAGE}@{version}"]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if completed.returncode != 0:
-        raise ClaudeCodeUnavailable(f"`{' '.join(command)}` failed with exit code {completed.returncode}:\n{completed.stderr[-3000:]}")
+    npm_package.npm_install(router_dir, ROUTER_PACKAGE, version, ClaudeCodeUnavailable)
     cli = find_router(router_dir)
     if cli is None or installed_version(router_dir) != version:
         raise ClaudeCodeUnavailable(f"npm installed {ROUTER_PACKAGE}@{version} into {router_dir}, but {cli} is not version {version}")

@@ -5,8 +5,8 @@
                      tests/support/scripted_tool_use.py too when the test scripts tool calls)
         -> python -m stable_prefix.engine_patch serve MODEL (the patched engine)
 
-Shared by the Claude Code and claude-code-router tests, which differ only in
-the path the CLI speaks and the model they serve.
+Shared by the Claude Code, claude-code-router, Codex CLI and Responses API
+tests, which differ in the path the client speaks and the model they serve.
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ class Stack:
 
 @contextlib.contextmanager
 def running_stack(
-    tmp_path: Path, model: Path, served_model: str, answer_tokens: int, api_path: str, script: list[dict] | None = None
+    tmp_path: Path, model: Path, served_model: str, answer_tokens: int, api_path: str, script: list[dict] | None = None,
+    engine_flags: tuple[str, ...] = (),
 ) -> Iterator[Stack]:
-    """Engine, door and proxy; `script`: tool calls the door puts in place of the engine's answers."""
+    """Engine, door and proxy; `script`: tool calls the door puts in place of the engine's answers;
+    `engine_flags`: more vllm-mlx flags (e.g. a default temperature for clients that send none)."""
     if not (model / "config.json").exists():
         pytest.fail(f"{model} is missing; run `make tiny-model` first", pytrace=False)
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -77,7 +79,7 @@ def running_stack(
     engine_command = [
         str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(model),
         "--host", "127.0.0.1", "--port", str(engine_port),
-        "--served-model-name", served_model, "--max-tokens", str(answer_tokens),
+        "--served-model-name", served_model, "--max-tokens", str(answer_tokens), *engine_flags,
     ]
     door_scripts, door_options = ["tests/support/upstream_recorder.py"], {"record_path": door_record}
     if script is not None:

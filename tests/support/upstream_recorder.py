@@ -13,7 +13,9 @@ the usage the engine reported (from the JSON body or the SSE events), the
 time to the first response byte and, for SSE, the time to the first token (the
 first event with output, `sse_events.carries_output`: vllm-mlx sends
 `message_start` before it prefills, so the first byte says nothing about
-prefill). Responses stream through untouched.
+prefill), the conversation the request names (`lanes.session_id`) and the
+response body as text (what the engine answered, to compare answers).
+Responses stream through untouched.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from mitmproxy import ctx, http
 
+from stable_prefix.addons.lanes import session_id
 from stable_prefix.addons.sse_events import EventStream, merge_usage
 
 
@@ -72,7 +75,8 @@ class UpstreamRecorder:
             "request": request_body,
             "status": flow.response.status_code,
             "usage": usage,
-            "session": flow.request.headers.get("x-claude-code-session-id"),
+            "session": session_id(flow.request.headers),
+            "response_body": body.decode("utf-8", "replace"),
             "ttfb_s": round(flow.metadata.get("recorder_first_byte", started) - started, 3),
             "ttft_s": round(first_token - started, 3) if first_token is not None else None,
             "total_s": round(time.monotonic() - started, 3),
