@@ -57,6 +57,7 @@ class RequestAdmission:
 
     client_gone: Callable[[], bool] = lambda: False
     arrived_at: float = field(default_factory=time.monotonic)
+    started: bool = False  # the engine took it up (its wait is counted once)
     refusal: PromptTooLong | None = None
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     loop: asyncio.AbstractEventLoop | None = None
@@ -97,8 +98,10 @@ def current_admission() -> RequestAdmission | None:
     return _current.get()
 
 
-def admit_prompt(prompt_tokens: int, context_tokens: int | None) -> None:
-    """Admit a prompt, or refuse it (PromptTooLong, also told to the HTTP layer); any engine's seam calls this."""
+def admit_prompt(prompt_tokens: int, context_tokens: int | None, starts_now: bool = True) -> None:
+    """Admit a prompt, or refuse it (PromptTooLong, also told to the HTTP layer); any engine's seam calls this.
+    `starts_now`: the engine takes the request up at once (SimpleEngine); a scheduler that queues it first
+    calls `record_start` when the request joins the batch."""
     admission = current_admission()
     COUNTERS.context_tokens = context_tokens
     try:
@@ -111,12 +114,22 @@ def admit_prompt(prompt_tokens: int, context_tokens: int | None) -> None:
             admission._decide()
         raise
     if admission is not None:
-        waited = time.monotonic() - admission.arrived_at
-        COUNTERS.requests_admitted += 1
-        COUNTERS.queue_wait_seconds_total += waited
-        COUNTERS.queue_wait_seconds_max = max(COUNTERS.queue_wait_seconds_max, waited)
-        logger.info("engine_patch: admitted a %d-token prompt after %.2f s in the queue", prompt_tokens, waited)
         admission._decide()
+    if starts_now:
+        record_start(prompt_tokens)
+
+
+def record_start(prompt_tokens: int) -> None:
+    """The engine takes the current request up now: how long it waited since it arrived is logged and counted."""
+    admission = current_admission()
+    if admission is None or admission.started:
+        return
+    admission.started = True
+    waited = time.monotonic() - admission.arrived_at
+    COUNTERS.requests_admitted += 1
+    COUNTERS.queue_wait_seconds_total += waited
+    COUNTERS.queue_wait_seconds_max = max(COUNTERS.queue_wait_seconds_max, waited)
+    logger.info("engine_patch: took up a %d-token prompt after %.2f s in the queue", prompt_tokens, waited)
 
 
 def refuse_if_far_too_long(tokenizer, text: str, context_tokens: int | None) -> None:

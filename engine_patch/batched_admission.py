@@ -7,8 +7,10 @@ and one the model's context cannot hold is refused before it is queued, so the
 engine thread can never schedule it (a paste far beyond the context before it
 is tokenized whole: `context_window.estimated_tokens_if_far_too_long`). The check runs in the request's own
 context (`batched_engine.py` keeps it by request id), so the HTTP layer learns
-of the refusal at once. A client that disconnects is vllm-mlx's own business
-here: the batched engine aborts the request's prefill itself.
+of the refusal at once. `Scheduler._schedule_waiting` says when each request
+joins the batch: its wait in the queue is counted then. A client that
+disconnects is vllm-mlx's own business here: the batched engine aborts the
+request's prefill itself.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import contextvars
 import functools
 from typing import Any
 
-from .admission import admit_prompt, refuse_if_far_too_long
+from .admission import admit_prompt, record_start, refuse_if_far_too_long
 from .context_window import context_length
 
 
@@ -35,7 +37,22 @@ def install(contexts: dict[str, contextvars.Context]) -> list[str]:
         add_request(scheduler, request)
 
     Scheduler.add_request = add_request_if_it_fits
-    return ["batched Scheduler.add_request (context check)"]
+    patched = ["batched Scheduler.add_request (context check)"]
+    schedule = getattr(Scheduler, "_schedule_waiting", None)
+    if schedule is not None:
+
+        @functools.wraps(schedule)
+        def schedule_and_count_waits(scheduler: Any):
+            scheduled = schedule(scheduler)
+            for request in scheduled or ():
+                context = contexts.get(request.request_id)
+                if context is not None:
+                    context.run(record_start, len(request.prompt_token_ids or ()))
+            return scheduled
+
+        Scheduler._schedule_waiting = schedule_and_count_waits
+        patched.append("batched Scheduler._schedule_waiting (queue wait)")
+    return patched
 
 
 def _check(scheduler: Any, request: Any) -> None:
@@ -47,7 +64,7 @@ def _check(scheduler: Any, request: Any) -> None:
     tokens = _prompt_tokens(scheduler, request)
     if tokens is not None:
         request.prompt_token_ids, request.num_prompt_tokens = tokens, len(tokens)
-        admit_prompt(len(tokens), context)
+        admit_prompt(len(tokens), context, starts_now=False)  # it starts when it joins the batch
 
 
 def _encoder(scheduler: Any) -> Any:

@@ -6,6 +6,7 @@ the batched engine: vllm-mlx's own abort), nothing of it is stored, and the next
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -109,3 +110,15 @@ def test_a_client_that_gives_up_during_the_prefill_stops_it_and_the_next_request
     assert cache_stats(server.url)["stores"] == before["stores"]  # nothing of it was stored
     answer = send(server.url, "/v1/messages", request_body("/v1/messages", "Say hello.", stream=False))
     assert answer.usage["output_tokens"] > 0
+
+
+def test_every_request_s_wait_in_the_queue_is_counted_and_logged(server):
+    before, logged = cache_stats(server.url), server.log_text().count("in the queue")
+    with ThreadPoolExecutor(max_workers=3) as pool:  # three at once: in SimpleEngine two of them queue
+        list(pool.map(lambda n: send(server.url, "/v1/messages", request_body("/v1/messages", words(300, f"q{n}"), stream=False)),
+                      range(3)))
+    after = cache_stats(server.url)
+    assert after["requests_admitted"] == before["requests_admitted"] + 3
+    assert after["queue_wait_seconds_total"] > before["queue_wait_seconds_total"]
+    assert after["queue_wait_seconds_max"] >= (after["queue_wait_seconds_total"] - before["queue_wait_seconds_total"]) / 3
+    assert server.log_text().count("in the queue") == logged + 3
