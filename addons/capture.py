@@ -18,7 +18,13 @@ either order: the record is written when the response (or error) is complete.
 
 Records hold the user's code and prompts: files are created 0600, the folders
 this addon creates 0700. The default folder is `captures/sessions` under the
-directory mitmdump was started in, never inside the installed package.
+directory mitmdump was started in, never inside the installed package. No
+record ever replaces another (`capture_folder.py`: a restarted proxy continues
+its session's numbering, two proxies never share a default session folder),
+and the folder is kept within a budget (`capture_budget.py`: 2 GB and 14 days
+by default, the least recently written sessions removed first, each removal
+logged). A record that cannot be written is logged; the request is never
+affected.
 """
 
 from __future__ import annotations
@@ -26,16 +32,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.utils import human
 
 from stable_prefix.addons import exposure
+from stable_prefix.addons.capture_budget import AGE_OPTION, BYTES_OPTION, Budget, enforce
+from stable_prefix.addons.capture_folder import claim_new_session, last_record_number, write_record
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.request_body import FLOW_NOTES, api_of
+from stable_prefix.addons.request_body import FLOW_NOTES, UnreadableJson, api_of, parse_json, utf8_json
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream, merge_usage
 
@@ -44,8 +54,10 @@ logger = logging.getLogger(__name__)
 RECORD_FORMAT = "stable-prefix capture 1"
 # Relative: resolved against the working directory when the options are read.
 DEFAULT_CAPTURE_DIR = Path("captures", "sessions")
-PRIVATE_FILE_MODE = 0o600
-PRIVATE_DIR_MODE = 0o700
+DEFAULT_MAX_BYTES = "2g"  # mitmproxy's size syntax, as its own body_size_limit
+DEFAULT_MAX_AGE_DAYS = 14
+# How often a running proxy looks for sessions past the age limit.
+AGE_CHECK_INTERVAL_S = 3600.0
 REDACTED = "[redacted]"
 SECRET_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie", "anthropic-api-key"})
 CAPTURE_NOTES = "capture"
@@ -61,10 +73,10 @@ def redacted_headers(headers: http.Headers) -> dict[str, str]:
 
 
 def json_or_text(content: bytes | None) -> tuple[str, Any]:
-    """("body", parsed JSON) or ("body_text", text) for a body that is not JSON."""
+    """("body", parsed JSON) or ("body_text", text) for a body the addons do not read as JSON."""
     try:
-        return "body", json.loads(content or b"")
-    except ValueError:
+        return "body", parse_json(content or b"")
+    except UnreadableJson:
         return "body_text", (content or b"").decode("utf-8", "replace")
 
 
@@ -131,33 +143,39 @@ def _seconds(start: float | None, end: float | None) -> float | None:
     return round(end - start, 4) if start is not None and end is not None else None
 
 
-def make_private_dirs(path: Path) -> None:
-    """Create `path` and any missing parents 0700; folders that exist keep their modes."""
-    missing = [folder for folder in (path, *path.parents) if not folder.exists()]
-    for folder in reversed(missing):
-        folder.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
-        folder.chmod(PRIVATE_DIR_MODE)  # mkdir's mode passes through the umask
+def encode_record(record: dict) -> bytes:
+    return utf8_json(json.dumps(record, ensure_ascii=False, indent=1))
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` (0600) through a temporary file, so a reader never sees half a record."""
-    temporary = path.with_suffix(".tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-        os.fchmod(file.fileno(), PRIVATE_FILE_MODE)  # an older temporary file keeps its mode otherwise
-        file.write(text)
-    temporary.replace(path)
+def session_name_now() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
 
 
-def lane_file_name(seq: int, lane: str) -> str:
-    return f"{seq:04d}-{lane.replace(':', '-').replace('/', '-')}.json"
+def parse_budget(options) -> Budget:
+    """The budget as the options set it; raises OptionsError naming a bad value."""
+    try:
+        max_bytes = human.parse_size(options.capture_max_bytes.strip())
+    except ValueError:
+        raise exceptions.OptionsError(
+            f"{BYTES_OPTION}={options.capture_max_bytes!r}: not a size (examples: 2g, 500m, 0 for no limit)") from None
+    if max_bytes is None or max_bytes < 0:
+        raise exceptions.OptionsError(f"{BYTES_OPTION}={options.capture_max_bytes!r}: must be 0 (no limit) or a size such as 2g")
+    if options.capture_max_age_days < 0:
+        raise exceptions.OptionsError(f"{AGE_OPTION}={options.capture_max_age_days}: must be 0 (no limit) or a number of days")
+    return Budget(max_bytes=max_bytes, max_age_days=options.capture_max_age_days)
 
 
 class Capture:
     def __init__(self) -> None:
+        self.root = Path.cwd() / DEFAULT_CAPTURE_DIR  # until configure() says otherwise
+        self.default_session = session_name_now()
+        self.session_dir: Path | None = None  # claimed at the first record unless capture_session names it
         self.seq = 0
-        self.session_dir = Path.cwd() / DEFAULT_CAPTURE_DIR / time.strftime("%Y%m%d-%H%M%S")  # until configure() says otherwise
         self.written = 0
+        self.budget = Budget()
+        self.stored_bytes: int | None = None  # at the last budget check, plus what was written since
+        self.age_checked_at = 0.0
+        self.pruning: threading.Thread | None = None
         # Kept here, not in flow.metadata, which must stay serializable (`mitmdump -w`).
         self.observers: dict[str, UsageObserver] = {}
         self.diagnosis = PrefixDiagnosis()  # used only when strip_billing is not loaded
@@ -165,7 +183,16 @@ class Capture:
 
     def load(self, loader) -> None:
         loader.add_option("capture_dir", str, "", f"Where capture sessions go (default: {DEFAULT_CAPTURE_DIR} in the working directory).")
-        loader.add_option("capture_session", str, "", "Name of this session's folder (default: the start time, YYYYmmdd-HHMMSS).")
+        loader.add_option(
+            "capture_session", str, "",
+            "Name of this session's folder; records continue after those it holds (default: the start time, YYYYmmdd-HHMMSS, "
+            "with -2, -3... when another proxy has that folder).",
+        )
+        loader.add_option(
+            BYTES_OPTION, str, DEFAULT_MAX_BYTES,
+            "What the sessions under capture_dir may hold, e.g. 2g, 500m; the least recently written go first. 0: no limit.",
+        )
+        loader.add_option(AGE_OPTION, int, DEFAULT_MAX_AGE_DAYS, "Remove sessions last written more than this many days ago. 0: no limit.")
         exposure.declare_option(loader)
 
     def configure(self, updated) -> None:
@@ -176,11 +203,18 @@ class Capture:
             session = ctx.options.capture_session
             if session and (os.sep in session or session in (".", "..")):
                 raise exceptions.OptionsError(f"capture_session={session!r}: must be a plain folder name")
-            self.session_dir = root / (session or time.strftime("%Y%m%d-%H%M%S"))
-            self.seq = 0
+            self.root = root
+            self.session_dir = root / session if session else None
+            self.seq = last_record_number(self.session_dir) if self.session_dir else 0
+            if self.seq:
+                logger.info(f"capture: {self.session_dir} already holds records up to #{self.seq}: continuing at #{self.seq + 1}, "
+                            "none is replaced. The prefix diagnosis starts fresh: each lane's next request is diagnosed as its first.")
+        if BYTES_OPTION in updated or AGE_OPTION in updated:
+            self.budget = parse_budget(ctx.options)
 
     def running(self) -> None:
         exposure.warn_if_exposed(ctx.options)
+        self.check_budget()
 
     def request(self, flow: http.HTTPFlow) -> None:
         if api_of(flow.request) is None:
@@ -206,22 +240,50 @@ class Capture:
         if self.written:
             logger.info(f"capture: {self.written} request(s) written to {self.session_dir}")
 
+    def check_budget(self) -> None:
+        """Remove what is over the budget (`capture_budget.enforce`), saying what went, in a thread:
+        scanning a full folder takes a while, and requests must not wait for it."""
+        if not self.budget.limited or (self.pruning is not None and self.pruning.is_alive()):
+            return
+        self.age_checked_at = time.time()
+        self.pruning = threading.Thread(target=self._enforce_budget, args=(self.session_dir, self.age_checked_at), name="capture-budget", daemon=True)
+        self.pruning.start()
+
+    def _enforce_budget(self, current: Path | None, now: float) -> None:
+        try:
+            lines, self.stored_bytes = enforce(self.root, current, self.budget, now=now)
+        except OSError as error:
+            logger.error(f"capture: cannot keep {self.root} within its budget ({error}); nothing more is removed until the next check")
+            return
+        for line in lines:
+            logger.info(line)
+
+    def _after_writing(self, size: int) -> None:
+        if self.stored_bytes is not None:
+            self.stored_bytes += size
+        over = self.budget.max_bytes and (self.stored_bytes is None or self.stored_bytes > self.budget.max_bytes)
+        due = self.budget.max_age_days and time.time() - self.age_checked_at > AGE_CHECK_INTERVAL_S
+        if over or due:
+            self.check_budget()
+
     def _write(self, flow: http.HTTPFlow) -> None:
         notes = flow.metadata.get(CAPTURE_NOTES)
         if notes is None or notes.get("written"):
             return
         notes["written"] = True
-        record = self.record(flow, notes)
-        path = self.session_dir / lane_file_name(notes["seq"], record["lane"])
         try:
-            make_private_dirs(path.parent)
-            write_private(path, json.dumps(record, ensure_ascii=False, indent=1))
-        except OSError as error:
-            logger.error(f"capture: cannot write {path} ({error}); the request itself was not affected")
+            if self.session_dir is None:
+                self.session_dir = claim_new_session(self.root, self.default_session)
+            record = self.record(flow, notes)
+            seq, size = write_record(self.session_dir, notes["seq"], record["lane"], lambda seq: encode_record({**record, "seq": seq}))
+        except (OSError, ValueError, RecursionError) as error:
+            logger.error(f"capture: request #{notes['seq']} was not recorded in {self.session_dir} ({error}); the request itself was not affected")
             return
+        self.seq = max(self.seq, seq)
         if self.written == 0:
             logger.info(f"capture: writing to {self.session_dir}")
         self.written += 1
+        self._after_writing(size)
 
     def record(self, flow: http.HTTPFlow, notes: dict) -> dict:
         stripped = flow.metadata.get(FLOW_NOTES, {})

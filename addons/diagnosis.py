@@ -285,9 +285,13 @@ def _is_mid_conversation_system_message(order: PromptOrder, segment: Segment, ap
     return bool(conversation) and index > min(conversation)
 
 
+def _has_system_role(value: object) -> bool:
+    # A message may be any JSON value in a body a client got wrong: only a dict has a role.
+    return isinstance(value, dict) and value.get("role") in responses_input.SYSTEM_ROLES
+
+
 def _is_system_text(segment: Segment) -> bool:
-    value = segment.value
-    return segment.path.startswith(("system", "instructions")) or (isinstance(value, dict) and value.get("role") in responses_input.SYSTEM_ROLES)
+    return segment.path.startswith(("system", "instructions")) or _has_system_role(segment.value)
 
 
 def _tool_names(order: PromptOrder) -> list[str]:

@@ -68,7 +68,7 @@ CONVERSATION_KEY = {"anthropic": "messages", "openai": "messages", "responses": 
 # The text block type a rule writes into a message it builds.
 TEXT_TYPE = {"anthropic": "text", "openai": "text", "responses": responses_input.INPUT_TEXT}
 # The roles the server hoists to the front of the prompt, wherever they sit.
-HOISTED_ROLES = {"anthropic": frozenset({"system"}), "openai": frozenset({"system"}), "responses": responses_input.SYSTEM_ROLES}
+HOISTED_ROLES = {"anthropic": ("system",), "openai": ("system",), "responses": responses_input.SYSTEM_ROLES}
 
 # Rule names: these appear in logs, in `Change.rule` and as `explained_by`.
 BILLING_HEADER = "billing_header"
@@ -192,7 +192,7 @@ def _is_message(item: Any, api: Api) -> bool:
     return responses_input.is_message(item) if api == "responses" else isinstance(item, dict)
 
 
-def _leading_count(body: dict, api: Api, roles: frozenset[str]) -> int:
+def _leading_count(body: dict, api: Api, roles: tuple[str, ...]) -> int:
     """How many messages at the start are the system prompt proper (OpenAI's
     leading system messages, Responses' leading developer/system items). On
     the Responses path a request that continues a stored response
@@ -248,8 +248,11 @@ def parse_model_map(spec: str) -> tuple[tuple[str, str], ...]:
 
 def _drop_lines(text: str, is_volatile) -> tuple[str, int]:
     """Remove whole lines for which is_volatile(line) holds, with their line
-    break. Returns the new text and how many lines went."""
-    lines = text.splitlines(keepends=True)
+    break. Returns the new text and how many lines went. A line ends at "\n"
+    (as in the diagnosis and the git status paragraph), not wherever Python's
+    splitlines breaks (also at \r, \x85, U+2028...: a fuzz find)."""
+    pieces = text.split("\n")
+    lines = [piece + "\n" for piece in pieces[:-1]] + [pieces[-1]]
     kept = [line for line in lines if not is_volatile(line.rstrip("\r\n"))]
     dropped = len(lines) - len(kept)
     if not dropped:

@@ -26,14 +26,16 @@ from __future__ import annotations
 from typing import Any
 
 RESPONSES_PATH = "/v1/responses"
+# Tuples, not sets: a client's body may hold a list where a name belongs, and
+# `[] in some_set` raises where `[] in some_tuple` is just False.
 # Part types that hold text, and the one a rule writes into a message it builds.
-TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
 INPUT_TEXT = "input_text"
-SYSTEM_ROLES = frozenset({"system", "developer"})
+SYSTEM_ROLES = ("system", "developer")
 # Items the rules and the diagnosis know; anything else is passed on as it is.
-KNOWN_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning"})
+KNOWN_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 # Item types a model's turn produces, besides an assistant message.
-MODEL_OUTPUT_TYPES = frozenset({"function_call", "reasoning", "custom_tool_call", "local_shell_call"})
+MODEL_OUTPUT_TYPES = ("function_call", "reasoning", "custom_tool_call", "local_shell_call")
 RENDERED_KEYS_LEFT_OUT = ("id", "status")
 
 

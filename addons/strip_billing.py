@@ -12,10 +12,12 @@ request into the log and into `flow.comment` (marking the flow when the prefix
 broke). The diagnosis is made once the request has left, when the upstream
 answers (or fails), so it costs the request no latency: the engine is busy
 prefilling by then. Anthropic's own hosts, other paths, and bodies it cannot read go
-through byte for byte. Server-sent events are streamed, not buffered. For the
-Responses API it follows each answer as it passes (its id and output items), so
-that a later request continuing it (`previous_response_id`) is diagnosed with
-the history the server puts in front of it (`response_chains.py`).
+through byte for byte. Server-sent events are streamed, not buffered. When the
+engine cannot be reached or breaks off a stream, the client gets an error in
+its protocol's shape (`engine_errors.py`). For the Responses API it follows each
+answer as it passes (its id and output items), so that a later request
+continuing it (`previous_response_id`) is diagnosed with the history the server
+puts in front of it (`response_chains.py`).
 
 Conventions for the addons in this folder:
 - `mitmdump -s addons/x.py` loads a file as a script; it imports its siblings
@@ -38,7 +40,7 @@ import re
 
 from mitmproxy import ctx, exceptions, http
 
-from stable_prefix.addons import exposure, normalize
+from stable_prefix.addons import engine_errors, exposure, normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.lanes import routing_key
 from stable_prefix.addons.request_body import FLOW_NOTES, UnreadItems, normalize_request
@@ -141,7 +143,13 @@ class StripBilling:
             "Add this header to forwarded requests, holding a stable key of the request's lane (a hash of its system text "
             "and tools), for the session or cache-aware routing of a multi-replica engine; e.g. x-session-id. Empty: off.",
         )
+        loader.add_option(
+            engine_errors.OPTION, bool, True,
+            "When the engine cannot be reached, answer with a 502 JSON error in the request's protocol; when it breaks off "
+            "a streamed answer, end the stream with the protocol's SSE error event (mitmproxy: an HTML page, a cut stream).",
+        )
         exposure.declare_option(loader)
+        engine_errors.install()
 
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
@@ -152,6 +160,11 @@ class StripBilling:
 
     def running(self) -> None:
         exposure.warn_if_exposed(ctx.options)
+        if getattr(ctx.options, engine_errors.OPTION) and getattr(ctx.options, "connection_strategy", None) == "eager":
+            # Eagerly, a client that connects while the engine is down is cut off before it sends a request,
+            # so there is nothing to answer; lazily, the request comes first and gets its 502.
+            ctx.options.update(connection_strategy="lazy")
+            logger.info(f"connection_strategy=lazy: a request while the engine is down gets an answer ({engine_errors.OPTION})")
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:

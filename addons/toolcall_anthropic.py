@@ -28,7 +28,7 @@ from typing import Any
 from stable_prefix.addons.sse_events import SSEEvent, SSEParser, format_event
 from stable_prefix.addons.text_tool_calls import SYNTAXES, Piece, Text, ToolCall, ToolCallScanner
 
-STRUCTURED_CALL_TYPES = {"tool_use", "server_tool_use"}
+STRUCTURED_CALL_TYPES = ("tool_use", "server_tool_use")  # a tuple: a block's type may be any JSON value
 # A converted call replaces these; "max_tokens" and the like still tell the truth.
 _NATURAL_STOPS = {"end_turn", "stop_sequence", None}
 

@@ -184,13 +184,19 @@ def _lane_pairs(result: dict[str, Any], anchor: dict[str, Any], figure: tuple[st
     return pairs
 
 
+# Too few pairs for an interval (a lane with one warm request): a ratio this close to 1 is
+# called level, the spread of paired ratios between two configurations in one interleaved run
+# on this machine (timings move +-20% between runs, much less within one).
+SINGLE_PAIR_NOISE = 0.10
+
+
 def verdict(pairs: dict[str, Any] | None) -> str:
     """"ahead", "level" (within noise), "behind" or "unknown", from a paired ratio's median and confidence interval."""
     if not pairs or pairs.get("median") is None:
         return "unknown"
     interval = pairs.get("ci95")
     if interval is None:
-        return "ahead" if pairs["median"] < 1 else "level" if pairs["median"] == 1 else "behind"
+        interval = (pairs["median"] * (1 - SINGLE_PAIR_NOISE), pairs["median"] * (1 + SINGLE_PAIR_NOISE))
     return "ahead" if interval[1] < 1 else "behind" if interval[0] > 1 else "level"
 
 
@@ -212,7 +218,8 @@ def paired_table(result: dict[str, Any]) -> list[str]:
         "",
         f"The product ({product}) against the strongest anchors in this run, request by request: the median over the requests "
         "of product / anchor for the same request, sent in the same turn of the interleaved run, with its bootstrap 95% confidence "
-        "interval; ahead (the interval below 1), level (it includes 1) or behind; in parentheses the requests paired. Turn times compare "
+        "interval; ahead (the interval below 1), level (it includes 1) or behind (a single pair has no interval: within +-10% it is "
+        "level); in parentheses the requests paired. Turn times compare "
         "at equal output length: where the two decoded different numbers of tokens, the product's turn time is rescaled to the anchor's "
         "length by its own time per decoded token (\"rescaled\").",
         "",

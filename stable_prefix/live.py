@@ -6,11 +6,15 @@ the part it reused), the time to the first generated output and the prefix
 diagnosis. A figure the record lacks is shown as `?`, never as 0.
 
     #3 main · 11,733 prompt tok · 11,702 reused · TTFT 0.65 s · prefix stable 92,476/92,625 B (99.8%) · first change messages[12]
+
+With captures off (`stable-prefix up --no-capture`) nothing is recorded, and
+the line is the proxy's own diagnosis line from its log (`LogFollower`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from stable_prefix.bench.replay import reuse_from_usage
@@ -47,7 +51,7 @@ class CaptureFollower:
 
     def new_records(self) -> list[dict]:
         records = []
-        # Records are renamed into place when complete (`.tmp` first), so every match is whole.
+        # Records are linked into place when complete (a temporary file first), so every match is whole.
         for path in sorted(self.folder.glob("[0-9]*-*.json"), key=lambda path: int(path.name.split("-")[0])):
             if path.name in self.seen:
                 continue
@@ -57,3 +61,30 @@ class CaptureFollower:
             except (OSError, ValueError) as error:
                 records.append({"seq": int(path.name.split("-")[0]), "response": {"error": f"unreadable record {path}: {error}"}})
         return records
+
+    def new_lines(self) -> list[str]:
+        return [live_line(record) for record in self.new_records()]
+
+
+# mitmdump's log line: `[12:00:01.123] message`; the diagnosis line starts with `lane `.
+_DIAGNOSIS_LOG_LINE = re.compile(r"^\[[0-9:.]+\] (lane .*)$")
+
+
+class LogFollower:
+    """The diagnosis lines the proxy logged since the last call (when there are no capture records to read)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.offset = 0
+
+    def new_lines(self) -> list[str]:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self.offset)
+                text = log.read()
+        except OSError:
+            return []
+        complete = text[: text.rfind(b"\n") + 1]  # a line being written waits for the next call
+        self.offset += len(complete)
+        matches = (_DIAGNOSIS_LOG_LINE.match(line) for line in complete.decode("utf-8", "replace").splitlines())
+        return [match.group(1) for match in matches if match]

@@ -26,10 +26,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, make_private_dirs, write_private
+from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, session_name_now
+from stable_prefix.addons.capture_folder import claim_new_session, make_private_dirs, write_private
 from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE, parse_size
 from stable_prefix.engine_patch.install import ENGINES
-from stable_prefix.live import CaptureFollower, live_line
+from stable_prefix.live import CaptureFollower, LogFollower
 from stable_prefix.tools.claude_code import stack_environment
 from stable_prefix.tools.claude_code_router import router_config
 from stable_prefix.tools.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
@@ -40,6 +41,7 @@ DEFAULT_MAX_TOKENS = 8192
 # Loading a large model (or downloading it on first use) can take many minutes; a dead engine is noticed at once.
 STARTUP_TIMEOUT_S = 3600.0
 PROXY_SCRIPTS = ["addons/strip_billing.py", "addons/capture.py"]
+CAPTURE_SCRIPT = "addons/capture.py"
 # mitmweb's flow list with the comment column, where each request's diagnosis is (a broken prefix also marks the flow).
 WEB_COLUMNS = ("icon", "path", "method", "status", "size", "time", "comment")
 LOG_TAIL_LINES = 25
@@ -65,6 +67,7 @@ class StackOptions:
     cache_bytes: int | None = None
     engine: str = DEFAULT_ENGINE
     capture_dir: Path = DEFAULT_CAPTURE_DIR
+    capture: bool = True
     proxy_options: tuple[str, ...] = ()
     engine_args: tuple[str, ...] = ()
     startup_timeout: float = STARTUP_TIMEOUT_S
@@ -94,6 +97,8 @@ def argument_parser() -> argparse.ArgumentParser:
                              f"simple: one request at a time (default {DEFAULT_ENGINE})")
     parser.add_argument("--capture-dir", type=Path, default=DEFAULT_CAPTURE_DIR,
                         help=f"where capture sessions go (default: {DEFAULT_CAPTURE_DIR} in the working directory)")
+    parser.add_argument("--no-capture", dest="capture", action="store_false",
+                        help="record no request (the live line is then the proxy's diagnosis, without the engine's figures)")
     parser.add_argument("--set", dest="proxy_options", action="append", default=[], metavar="NAME=VALUE",
                         help="a proxy option, e.g. --set drop_date_line=true (repeatable)")
     return parser
@@ -120,7 +125,8 @@ def parse_options(argv: list[str]) -> StackOptions:
         raise StackError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
     return StackOptions(model=args.model, port=args.port, engine_port=args.engine_port, web=args.web, web_port=args.web_port,
                         served_model_name=args.served_model_name, max_tokens=args.max_tokens, cache_bytes=args.cache_bytes,
-                        engine=args.engine, capture_dir=args.capture_dir, proxy_options=tuple(args.proxy_options), engine_args=tuple(engine_args))
+                        engine=args.engine, capture_dir=args.capture_dir, capture=args.capture, proxy_options=tuple(args.proxy_options),
+                        engine_args=tuple(engine_args))
 
 
 # --- before anything starts -----------------------------------------------------------------------
@@ -162,15 +168,13 @@ def engine_command(options: StackOptions, port: int) -> list[str]:
 
 
 def proxy_command(options: StackOptions, engine_url: str, session_dir: Path) -> list[str]:
-    settings: dict[str, object] = {
-        "upstream_model": options.model_name,
-        "max_tokens_cap": options.max_tokens,
-        "capture_dir": session_dir.parent,
-        "capture_session": session_dir.name,
-    }
+    settings: dict[str, object] = {"upstream_model": options.model_name, "max_tokens_cap": options.max_tokens}
+    if options.capture:
+        settings.update(capture_dir=session_dir.parent, capture_session=session_dir.name)
     if options.web:
         settings.update(web_host=LOOPBACK, web_port=options.web_port, web_open_browser="false")
-    command = mitmdump_command(PROXY_SCRIPTS, engine_url, options.port, settings, program="mitmweb" if options.web else "mitmdump")
+    scripts = PROXY_SCRIPTS if options.capture else [script for script in PROXY_SCRIPTS if script != CAPTURE_SCRIPT]
+    command = mitmdump_command(scripts, engine_url, options.port, settings, program="mitmweb" if options.web else "mitmdump")
     if options.web:  # a list option: one --set per item
         command += [part for column in WEB_COLUMNS for part in ("--set", f"web_columns={column}")]
     for option in options.proxy_options:
@@ -219,11 +223,17 @@ def print_ready(options: StackOptions, engine: Server, proxy: Server, session_di
     print(f"  engine    {engine.url}   ({options.engine} engine; cache stats: {engine.url}/v1/cache/stats)   log {engine.log_path}")
     if options.web:
         print(f"  mitmweb   {web or '(its address with the access token is in the proxy log)'}")
-    print(f"  captures  {session_dir}")
+    if options.capture:
+        print(f"  captures  {session_dir}")
+    else:
+        print("  captures  off (--no-capture): no request is recorded")
     print()
     print(client_instructions(options, proxy.url))
-    print("\nOne line per request: #seq lane · prompt tokens · reused from the engine's cache · time to first token · "
-          "prefix diagnosis. Ctrl-C stops both servers.\n", flush=True)
+    if options.capture:
+        print("\nOne line per request: #seq lane · prompt tokens · reused from the engine's cache · time to first token · "
+              "prefix diagnosis. Ctrl-C stops both servers.\n", flush=True)
+    else:
+        print("\nOne line per request: the proxy's prefix diagnosis. Ctrl-C stops both servers.\n", flush=True)
 
 
 # --- running ------------------------------------------------------------------------------------------
@@ -240,11 +250,11 @@ def _stop_on_signal(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def watch(servers: list[Server], follower: CaptureFollower) -> int:
-    """Print a line per new capture record until a server dies; return the exit status."""
+def watch(servers: list[Server], follower: CaptureFollower | LogFollower) -> int:
+    """Print a line per new request until a server dies; return the exit status."""
     while True:
-        for record in follower.new_records():
-            print(live_line(record), flush=True)
+        for line in follower.new_lines():
+            print(line, flush=True)
         for server in servers:
             returncode = server.process.poll()
             if returncode is not None:
@@ -261,7 +271,8 @@ def run(options: StackOptions) -> int:
     if options.web:
         ports["web UI"] = options.web_port
     check_ports(ports)
-    session_dir = options.capture_dir.expanduser().absolute() / time.strftime("%Y%m%d-%H%M%S")
+    # Claimed: a second `up` started in the same second gets a folder of its own.
+    session_dir = claim_new_session(options.capture_dir.expanduser().absolute(), session_name_now())
     logs = session_dir / "logs"
     make_private_dirs(logs)
     state_path = stack_state_path(options.port)
@@ -280,14 +291,15 @@ def run(options: StackOptions) -> int:
             ready=lambda: http_ok(f"{proxy_url}/v1/models") and (not options.web or web_url(proxy_log) is not None)))
         web = web_url(proxy.log_path) if options.web else None
         state = {"url": proxy_url, "model": options.model_name, "max_tokens": options.max_tokens, "pid": os.getpid(),
-                 "engine_url": engine_url, "web_url": web, "captures": str(session_dir),
+                 "engine_url": engine_url, "web_url": web, "captures": str(session_dir) if options.capture else None,
                  # Process group leaders (running() starts each server in its own session).
                  "engine_pid": engine.process.pid, "proxy_pid": proxy.process.pid}
         make_private_dirs(state_path.parent)
         write_private(state_path, json.dumps(state, indent=1))
         try:
             print_ready(options, engine, proxy, session_dir, web)
-            return watch([engine, proxy], CaptureFollower(session_dir))
+            follower = CaptureFollower(session_dir) if options.capture else LogFollower(proxy.log_path)
+            return watch([engine, proxy], follower)
         finally:
             state_path.unlink(missing_ok=True)
 

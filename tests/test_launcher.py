@@ -27,7 +27,7 @@ from fixtures import claude_code as fixtures
 
 from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
 from stable_prefix.engine_patch.install import ENGINES
-from stable_prefix.live import live_line
+from stable_prefix.live import LogFollower, live_line
 from stable_prefix.tools import claude_code
 from tests.support.llm_client import cache_stats, send
 from tests.support.models import require_model
@@ -203,6 +203,16 @@ def test_mitmweb_shows_each_diagnosis_in_the_flow_comment_and_marks_a_broken_pre
     assert not any(flow["marked"] for flow in messages if flow not in broken)
 
 
+@pytest.mark.server
+def test_with_no_capture_nothing_is_recorded_and_the_live_line_is_the_proxys_diagnosis(launched, tmp_path):
+    launcher = launched("--no-capture")
+    assert launcher.wait_until_ready()["captures"] is None
+    launcher.wait_for(r"captures  off \(--no-capture\)")
+    send(launcher.url, "/v1/messages", main_turn("no records"))
+    launcher.wait_for(r"^lane main · first request · [\d,]+ B", timeout=30)
+    assert not list((tmp_path / "captures").rglob("*.json"))
+
+
 # --- stopping, and refusing to start ------------------------------------------------------------------
 
 
@@ -371,3 +381,15 @@ def test_claude_starts_without_a_key_prompt(web_stack, claude_binary, tmp_path):
         session.wait_until_ready(timeout=90)  # raises on any first-run dialog, the key prompt included
     finally:
         session.close()
+
+
+def test_the_log_follower_gives_each_diagnosis_line_once_and_waits_for_a_line_being_written(tmp_path):
+    log = tmp_path / "proxy.log"
+    log.write_text("[10:00:00.001] Loading script addons/strip_billing.py\n[10:00:01.002] lane main · first request · 1,234 B\n"
+                   "[10:00:02.003] lane main · prefix stable 1,2")
+    follower = LogFollower(log)
+    assert follower.new_lines() == ["lane main · first request · 1,234 B"]
+    with log.open("a") as more:
+        more.write("34/1,300 B (95.0%) · first change messages[2]\n")
+    assert follower.new_lines() == ["lane main · prefix stable 1,234/1,300 B (95.0%) · first change messages[2]"]
+    assert follower.new_lines() == []

@@ -7,18 +7,24 @@ per chunk with `event_delay` seconds between events; the time each event was
 sent is recorded, so a test can prove the client saw the first event before
 the last one left the upstream (i.e. the proxy streamed, not buffered).
 Usage carries `cache_read_input_tokens` / `cached_tokens` like the patched
-engine does. Other requests get a small JSON answer.
+engine does. Other requests get a small JSON answer. Bodies may come chunked
+(`transfer-encoding: chunked`, as the proxy forwards a chunked upload) and
+gzip-, deflate- or br-encoded; a body it cannot read is recorded all the same.
+`x-test-break-after: N` makes it die mid-stream like a killed engine: the
+connection is dropped after N events, with no end of the chunked body.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+
+from mitmproxy.net import encoding
 
 from stable_prefix.addons.sse_events import format_event
 from tests.support.processes import LOOPBACK, free_port, serving
@@ -36,7 +42,7 @@ class Received:
 
     def body(self) -> bytes:
         """The body with its content-encoding undone."""
-        return gzip.decompress(self.raw_body) if self.headers.get("content-encoding") == "gzip" else self.raw_body
+        return encoding.decode(self.raw_body, self.headers.get("content-encoding", "identity"))
 
     def json(self):
         return json.loads(self.body())
@@ -74,6 +80,19 @@ def openai_events(words: list[str]) -> list[tuple[None, dict | str]]:
     return chunks + [(None, {"object": "chat.completion.chunk", "choices": [], "usage": usage}), (None, "[DONE]")]
 
 
+def read_request_body(rfile, headers) -> bytes:
+    """The request body, whole: by content-length, or chunk by chunk."""
+    if "chunked" not in headers.get("transfer-encoding", "").lower():
+        return rfile.read(int(headers.get("content-length", 0)))
+    body = bytearray()
+    while size := int(rfile.readline().split(b";")[0].strip() or b"0", 16):
+        body += rfile.read(size)
+        rfile.readline()  # the CRLF after the chunk
+    while rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers, then the empty line
+        pass
+    return bytes(body)
+
+
 def _handler(upstream: SlowUpstream):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -85,12 +104,12 @@ def _handler(upstream: SlowUpstream):
             self._send_json({"object": "list", "data": [{"id": "served-model"}]})
 
         def do_POST(self):
-            raw = self.rfile.read(int(self.headers.get("content-length", 0)))
+            raw = read_request_body(self.rfile, self.headers)
             received = Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, raw, time.time())
             upstream.received.append(received)
             try:
                 streamed = json.loads(received.body()).get("stream") is True
-            except (ValueError, AttributeError, OSError):
+            except (ValueError, AttributeError, RecursionError):
                 streamed = False
             route = self.path.split("?")[0]
             if streamed and route.endswith("/v1/messages"):
@@ -115,7 +134,12 @@ def _handler(upstream: SlowUpstream):
             self.end_headers()
             times: list[float] = []
             upstream.event_times.append(times)
+            break_after = int(self.headers.get("x-test-break-after", len(events) + 1))
             for index, (name, data) in enumerate(events):
+                if index == break_after:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
                 if index:
                     time.sleep(upstream.event_delay)
                 chunk = format_event(data, name)
