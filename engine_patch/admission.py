@@ -10,8 +10,7 @@ Two findings of a day's use, answered across the HTTP layer and the engine:
   middleware holds the start of an event stream until the engine has admitted
   or refused its prompt (at most HOLD_SECONDS: a request queued behind a long
   one gets its stream then, and a later refusal as the stream's error event,
-  in the protocol's shape; the batched engine turns the hold off, see
-  StreamHold).
+  in the protocol's shape).
 - A client that disconnects during the prefill stops it at the next chunk
   (vllm-mlx stops decoding on a disconnect, but not a prefill). The middleware
   gives the request a way to ask whether its connection is gone; the engine
@@ -47,15 +46,6 @@ OPENAI_PATHS = usage_fields.OPENAI_PATHS | usage_fields.RESPONSES_PATHS
 # long enough to tokenize a multi-megabyte paste, short enough that a request
 # queued behind another one is not left without response headers.
 HOLD_SECONDS = 10.0
-
-
-class StreamHold:
-    """Whether event streams are held for the verdict. The batched engine turns it off: with the hold,
-    tests/test_engine_patch_server.py's batched runs answered some later requests from a wrong state (a
-    race in the batched path that the changed timing exposes, not understood yet), so a streamed refusal
-    there arrives as the stream's `error` event instead of a 400."""
-
-    enabled = True
 
 
 class ClientGone(Exception):
@@ -218,7 +208,7 @@ class _HeldUntilAdmitted:
             if self.replaced:
                 return
             undecided_or_refused = not self.admission.decided.is_set() or self.admission.refusal is not None
-            if message["type"] == "http.response.start" and _is_event_stream(message) and undecided_or_refused and StreamHold.enabled:
+            if message["type"] == "http.response.start" and _is_event_stream(message) and undecided_or_refused:
                 self.held = [message]
                 self._release = asyncio.create_task(self._release_when_decided())
                 return

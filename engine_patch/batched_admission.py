@@ -19,7 +19,7 @@ import contextvars
 import functools
 from typing import Any
 
-from .admission import StreamHold, admit_prompt, record_start, refuse_if_far_too_long
+from .admission import admit_prompt, record_start, refuse_if_far_too_long
 from .context_window import context_length
 
 
@@ -37,7 +37,6 @@ def install(contexts: dict[str, contextvars.Context]) -> list[str]:
         add_request(scheduler, request)
 
     Scheduler.add_request = add_request_if_it_fits
-    StreamHold.enabled = False  # see there
     patched = ["batched Scheduler.add_request (context check)"]
     schedule = getattr(Scheduler, "_schedule_waiting", None)
     if schedule is not None:
