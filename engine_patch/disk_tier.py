@@ -321,14 +321,14 @@ class DiskTier:
         prepared = prepare_snapshot(identity.key, pending.tokens, pending.prompt_length, pending.arrays, pending.metadata)
         folder = self.files.folder(identity)
         with self.files.lock():
-            limit = self.files.effective_budget()
+            limit, limited_by = self.files.budget_limit()
             fits = prepared.file_bytes <= limit
             if fits:
                 fits, evicted = self.files.evict_until(limit - prepared.file_bytes)
                 self._evicted(evicted)
             if not fits:
-                self._warn_once("too-large", "disk cache: a %.1f MiB snapshot does not fit the disk budget (%.1f MiB now); not written",
-                                prepared.file_bytes / 2**20, limit / 2**20)
+                self._warn_once("too-large", "disk cache: a %.1f MiB snapshot does not fit the disk budget (%.1f MiB now, set by %s); not written",
+                                prepared.file_bytes / 2**20, limit / 2**20, limited_by)
                 with self._lock:
                     self.counters.writes_skipped += 1
                 return
@@ -469,6 +469,7 @@ class DiskTier:
             "disk_enabled": True,
             "disk_dir": str(self.directory),
             "disk_budget_bytes": self.budget_bytes,
+            **self._effective_budget(),
             "disk_bytes": sum(status.st_size for _, status in files),  # every model's: what the budget bounds
             "disk_entries": len(files),
             "disk_model_entries": sum(path.parent.name in own_folders for path, _ in files),
@@ -476,6 +477,15 @@ class DiskTier:
             "disk_writes_pending": pending,
             **{f"disk_{name}": value for name, value in counters.items()},
         }
+
+
+    def _effective_budget(self) -> dict[str, Any]:
+        """What a write may use now: the configured budget unless the free-space margin leaves less."""
+        try:
+            effective, reason = self.files.budget_limit()
+        except OSError as error:
+            return {"disk_effective_budget_bytes": 0, "disk_budget_limited_by": f"the directory cannot be read ({error})"}
+        return {"disk_effective_budget_bytes": effective, "disk_budget_limited_by": reason}
 
 
 def _restores_all_of(entry: IndexEntry, pending: PendingWrite) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .admission import AdmissionMiddleware
 from .tiered_cache import TieredCache
 from .usage_fields import ReuseUsageMiddleware
 
@@ -40,7 +41,8 @@ def install(cache: TieredCache, stats: Callable[[], dict[str, Any]]) -> list[str
     app.add_api_route("/v1/cache/stats", cache_stats, methods=["GET"], dependencies=dependencies)
     app.add_api_route("/v1/cache", clear_cache, methods=["DELETE"], dependencies=dependencies)
     app.add_middleware(ReuseUsageMiddleware)
-    return ["GET /v1/cache/stats", "DELETE /v1/cache", "usage fields"]
+    app.add_middleware(AdmissionMiddleware)
+    return ["GET /v1/cache/stats", "DELETE /v1/cache", "usage fields", "context check and abandoned prefills"]
 
 
 def _remove_route(app, path: str, method: str, route_type):

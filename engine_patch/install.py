@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import batched_engine, detokenizer_map, http_endpoints, simple_engine
+from . import admission, batched_admission, batched_engine, detokenizer_map, http_endpoints, memory_stats, simple_engine
 from .disk_tier import DiskTier
 from .prefix_cache import PrefixCache
 from .request_plan import PrefixPlanner
@@ -59,6 +59,8 @@ class Installed:
     def stats(self) -> dict[str, Any]:
         return {
             **self.cache.stats(),
+            **admission.stats(),
+            **memory_stats.stats(),
             "engine": self.engine,
             "vllm_mlx_version": self.vllm_mlx_version,
             "disabled_reasons": self.planner.unsupported_reasons(),
@@ -106,7 +108,11 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     disk_tier = DiskTier(disk.directory, disk.budget_bytes) if disk else None
     cache = TieredCache(PrefixCache(budget_bytes=budget_bytes, max_entries=max_entries), disk_tier)
     planner = PrefixPlanner(cache)
-    patched = simple_engine.install(planner) if engine == "simple" else batched_engine.BatchedEngineSeams(planner).install()
+    if engine == "simple":
+        patched = simple_engine.install(planner)
+    else:
+        seams = batched_engine.BatchedEngineSeams(planner)
+        patched = seams.install() + batched_admission.install(seams.contexts)
     if disk_tier is not None:
         patched += _identify_loaded_models(disk_tier)
         atexit.register(disk_tier.close, SHUTDOWN_WRITE_SECONDS)

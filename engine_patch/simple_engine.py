@@ -21,6 +21,8 @@ import functools
 import logging
 import sys
 
+from . import admitted_generation
+from .admitted_generation import AdmittedGeneration
 from .cached_generation import CachedGeneration
 from .prompt_head import set_head_text
 from .request_plan import PrefixPlanner
@@ -32,10 +34,12 @@ def install(planner: PrefixPlanner) -> list[str]:
     import mlx_lm
 
     generation = CachedGeneration(mlx_lm.stream_generate, planner.cache, planner)
-    mlx_lm.stream_generate = generation
+    # Outermost: prompts beyond the context and abandoned prefills stop before the cache (admission.py).
+    admitted = AdmittedGeneration(generation)
+    mlx_lm.stream_generate = admitted
     # mlx_lm.generate() (vllm-mlx's non-streamed path) calls its module's global.
-    sys.modules["mlx_lm.generate"].stream_generate = generation
-    patched = ["mlx_lm.stream_generate"]
+    sys.modules["mlx_lm.generate"].stream_generate = admitted
+    patched = ["mlx_lm.stream_generate", *admitted_generation.install_early_check()]
     patched += _defer_builtin_prefix_cache(generation)
     patched += _carry_prompt_head()
     patched += _carry_request_context_to_worker()

@@ -89,12 +89,16 @@ class SnapshotDirectory:
         finally:
             os.close(descriptor)  # releases the lock
 
-    def effective_budget(self) -> int:
-        """The budget, capped so the filesystem keeps its margin free."""
+    def budget_limit(self) -> tuple[int, str]:
+        """The effective budget (the configured one, capped so the filesystem keeps its margin free) and what sets it."""
         free, total = self.free_space(self.path)
         margin = max(FREE_SPACE_MARGIN_BYTES, int(total * FREE_SPACE_MARGIN_SHARE))
         held = sum(status.st_size for _, status in self.files())
-        return max(0, min(self.budget_bytes, held + free - margin))
+        room = held + free - margin
+        if room >= self.budget_bytes:
+            return self.budget_bytes, "the configured budget"
+        return max(0, room), (f"the free space: {_mib(free)} free on the filesystem, {_mib(margin)} kept free "
+                              f"(max(1 GiB, 5% of {_mib(total)})), {_mib(held)} held by snapshots")
 
     def evict_until(self, allowed_bytes: int) -> tuple[bool, list[Path]]:
         """Delete least recently used snapshots (any model) until at most `allowed_bytes` remain
@@ -140,6 +144,10 @@ class SnapshotDirectory:
                     if not _another_process_runs(pid) or time.time() - entry.stat().st_mtime > STALE_TEMP_SECONDS:
                         stale.append(Path(entry.path))
         return stale
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:,.1f} MiB"
 
 
 def _listing(folder: Path) -> list[os.DirEntry]:

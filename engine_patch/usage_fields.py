@@ -103,17 +103,29 @@ class SseUsageRewriter:
         return b"\n".join(lines)
 
 
-class ReuseUsageMiddleware:
-    """ASGI middleware: one `RequestReuse` per generation request, reported in its usage."""
+class GenerationMiddleware:
+    """ASGI middleware that acts on POSTs to the generation endpoints in `paths` (`handle`) and passes the rest."""
+
+    paths: frozenset[str] = ANTHROPIC_PATHS | OPENAI_PATHS | RESPONSES_PATHS
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
-        if scope["type"] != "http" or scope.get("method") != "POST" or path not in ANTHROPIC_PATHS | OPENAI_PATHS | RESPONSES_PATHS:
+        if scope["type"] == "http" and scope.get("method") == "POST" and path in self.paths:
+            await self.handle(scope, receive, send, path)
+        else:
             await self.app(scope, receive, send)
-            return
+
+    async def handle(self, scope, receive, send, path: str) -> None:
+        raise NotImplementedError
+
+
+class ReuseUsageMiddleware(GenerationMiddleware):
+    """One `RequestReuse` per generation request, reported in its usage."""
+
+    async def handle(self, scope, receive, send, path: str) -> None:
         reuse, token = begin_request()
         response = _UsageRewritingSend(send, path, reuse)
         try:

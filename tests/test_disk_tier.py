@@ -3,8 +3,10 @@
 A "restart" is a new DiskTier and a new, empty RAM cache on the same
 directory. Every bad state is made for real on disk (a cut file, a flipped
 byte, a leftover temporary file, a read-only folder, a second tier writing
-into the same directory), except a full disk, which is a write that fails with
-ENOSPC halfway through.
+into the same directory, a disk that fills up: a real tmpfs whose free space
+another program takes between the budget check and the write, so the kernel
+refuses the write halfway with ENOSPC). One more full-disk test fails a write
+with ENOSPC by hand, for machines where a tmpfs cannot be mounted.
 """
 
 import contextlib
@@ -29,6 +31,7 @@ from stable_prefix.engine_patch.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.snapshot_file import load_arrays, read_header, write_snapshot
 from stable_prefix.engine_patch.tiered_cache import TieredCache
 from tests.support.models import OTHER_SEED_MODEL, TEST_MODEL, require_model
+from tests.support.small_filesystem import fill, tmpfs
 
 RAM_BUDGET = 10**8
 VOCAB = 1000
@@ -379,6 +382,34 @@ def test_a_full_disk_loses_the_write_not_the_request(model, open_tier, directory
     assert tier.flush(timeout=60)
     assert tier.stats()["disk_errors"] == 2 and "No space left" in tier.stats()["disk_last_error"]
     assert list(directory.rglob("*.kv")) == []  # no temporary file left behind
+
+
+def test_a_disk_that_fills_up_during_a_write_loses_that_write_for_real_and_recovers_when_space_returns(model, open_tier, tmp_path):
+    with tmpfs(tmp_path / "small-disk", "4m") as mount:
+        filled = []
+
+        def another_program_fills_the_disk_first(path, prepared):
+            if not filled:
+                filled.append(fill(mount, leave_bytes=16 * 1024))
+            write_snapshot(path, prepared)  # the real write, onto a full filesystem
+
+        # The budget check is told there is room (the disk filled after it); the write itself is the kernel's.
+        tier = open_tier(model, directory=mount / "kv", free_space=lambda path: (2**40, 2**41),
+                         write_file=another_program_fills_the_disk_first)
+        conversation = tokens(1, 600)
+        cache = written(tier, model, conversation)
+        stats = tier.stats()
+        assert stats["disk_errors"] == 1 and "No space left on device" in stats["disk_last_error"] and stats["disk_writes"] == 0
+        assert [path.name for path in (mount / "kv").rglob("*.kv")] == []  # its temporary file removed, even on a full disk
+        reused, answer = serve(cache, model, conversation + [5])
+        assert reused == 600  # RAM still serves it
+        np.testing.assert_allclose(answer, cold_logits(model, conversation + [5]), atol=1e-4)
+        filled[0].unlink()  # the other program's file is deleted: the next write lands
+        assert tier.flush(timeout=60)
+        serve(cache, model, tokens(2, 600))
+        assert tier.flush(timeout=60) and tier.stats()["disk_writes"] >= 1
+        restarted_reuse, _ = serve(tiered(open_tier(model, directory=mount / "kv")), model, tokens(2, 600) + [5])
+        assert restarted_reuse == 600
 
 
 @contextlib.contextmanager

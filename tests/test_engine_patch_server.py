@@ -25,8 +25,8 @@ pytestmark = pytest.mark.server
 MAX_TOKENS = 8
 # Per engine mode: the patched server's flags, and the same engine as shipped.
 ENGINES = {
-    "simple": ([], ["--no-prefix-cache"]),
-    "batched": (["--engine", "batched"], ["--no-prefix-cache", "--continuous-batching"]),
+    "simple": (["--engine", "simple"], ["--engine", "simple", "--no-prefix-cache"]),
+    "batched": (["--engine", "batched"], ["--engine", "batched", "--no-prefix-cache"]),
 }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.engines import SHIPPED_DEFAULT_MODE
 from tests.support.processes import VENV_BIN, Server, free_port, http_ok, mitmdump_command, running
 
 
@@ -80,11 +81,11 @@ class Stack:
 
 @contextlib.contextmanager
 def shipped_engine(tmp_path: Path, model: Path, served_model: str) -> Iterator[Server]:
-    """vllm-mlx as shipped (`--no-prefix-cache`), the same model under the same name: what a
-    greedy answer must be whatever the cache reused."""
+    """vllm-mlx as shipped in the stack's engine mode, with no prefix cache (`engines.SHIPPED_DEFAULT_MODE`), the
+    same model under the same name: what a greedy answer must be whatever the cache reused."""
     port = free_port()
     command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(model), "--host", "127.0.0.1",
-               "--port", str(port), "--served-model-name", served_model, "--no-prefix-cache"]
+               "--port", str(port), "--served-model-name", served_model, *SHIPPED_DEFAULT_MODE]
     with running("shipped", command, port=port, log_dir=tmp_path, ready=lambda: http_ok(f"http://127.0.0.1:{port}/v1/models")) as engine:
         yield engine
 

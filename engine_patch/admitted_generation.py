@@ -1,0 +1,70 @@
+"""The SimpleEngine seams of `admission.py`: `mlx_lm.stream_generate`, before the cache sees the prompt,
+and vllm-mlx's `MLXLanguageModel.stream_generate`, where a text far longer than the context is refused
+before vllm-mlx tokenizes it whole to count it (seconds for a multi-megabyte paste).
+
+Every SimpleEngine text generation ends in `mlx_lm.stream_generate` (see
+`cached_generation.py`), so wrapping it outermost gives each request, cached or
+not, the two checks: its prompt is tokenized once here (with mlx-lm's own rule;
+the token ids go down instead of the text, so nothing below tokenizes it
+again) and refused if the model's context cannot hold it; and generate_step's
+`prompt_progress_callback`, called after each prefill chunk, stops the
+generation when the request's client has gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .admission import ClientGone, admit_prompt, refuse_if_far_too_long, stop_if_client_gone
+from .context_window import context_length
+from .request_plan import prompt_token_ids
+
+logger = logging.getLogger("engine_patch")
+
+
+class AdmittedGeneration:
+    """A drop-in `stream_generate` that refuses prompts beyond the context and stops abandoned prefills."""
+
+    def __init__(self, generate: Callable[..., Iterator[Any]]):
+        self.generate = generate
+        self._contexts: dict[int, int | None] = {}  # per model object
+
+    def __call__(self, model, tokenizer, prompt, max_tokens: int = 256, **kwargs):
+        tokens = prompt_token_ids(tokenizer, prompt)
+        if id(model) not in self._contexts:
+            self._contexts[id(model)] = context_length(model, tokenizer)
+        admit_prompt(len(tokens), self._contexts[id(model)])
+        kwargs["prompt_progress_callback"] = _stopping(kwargs.get("prompt_progress_callback"))
+        try:
+            yield from self.generate(model, tokenizer, tokens, max_tokens, **kwargs)
+        except ClientGone as gone:
+            logger.info("engine_patch: prefill stopped: %s", gone)
+
+
+def _stopping(callback: Callable[[int, int], None] | None) -> Callable[[int, int], None]:
+    def progress(processed: int, total: int) -> None:
+        if callback is not None:
+            callback(processed, total)
+        stop_if_client_gone(processed, total)
+
+    return progress
+
+
+def install_early_check() -> list[str]:
+    try:
+        from vllm_mlx.models.llm import MLXLanguageModel
+    except ImportError:
+        return []
+    original = MLXLanguageModel.stream_generate
+
+    @functools.wraps(original)
+    def stream_generate_unless_far_too_long(self, prompt, *args, **kwargs):
+        if isinstance(prompt, str):
+            refuse_if_far_too_long(self.tokenizer, prompt, context_length(self.model, self.tokenizer))
+        yield from original(self, prompt, *args, **kwargs)
+
+    MLXLanguageModel.stream_generate = stream_generate_unless_far_too_long
+    return ["MLXLanguageModel.stream_generate (a paste far beyond the context)"]
