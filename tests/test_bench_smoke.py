@@ -172,6 +172,9 @@ def test_demo_stops_both_servers_on_ctrl_c(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A Ctrl-C as from a terminal: a suite started in the background (`make test &`) ignores SIGINT,
+        # its children inherit that, and Python raises no KeyboardInterrupt for an ignored signal.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         output = ""
