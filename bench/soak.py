@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(sys.argv[1:] if argv is None else argv)
     soak_settings, load_settings = settings_from(args)
     out = args.out or (REPO_ROOT / "build" / "soak-small" if args.small else REPO_ROOT / "bench" / "results" / "soak")
-    work = out / "work"
+    # The stacks' logs, captures and disk caches: scratch, never results (only soak.json and soak.md are kept).
+    work = REPO_ROOT / "build" / ("soak-small-work" if args.small else "soak-work") if args.out is None else out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     soak_stack = StackSettings(args.model, work / "soak", args.ram_budget, args.disk_budget, args.engine)
