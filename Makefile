@@ -18,6 +18,8 @@ MLX_LM_032 := build/mlx-lm-0.32
 # The benchmark's model: the default preset in float32 (its decode costs what a real
 # model's does, relative to its prefill; docs/benchmark.md), replies of ~BENCH_REPLY_TOKENS.
 BENCH_MODEL := build/tiny-model-bench
+# The full-size session's prompts grow to ~37K tokens: the bench model declares a real coding model's context.
+BENCH_CONTEXT_TOKENS := 131072
 BENCH_REPLY_TOKENS := 128
 # Rapid-MLX, an anchor of the benchmark, in a venv of its own (its pins conflict with ours).
 RAPID_MLX_VERSION := 0.16.10
@@ -68,7 +70,7 @@ $(TINY_MODEL)-test-seed1/config.json: tools/build_tiny_model.py | setup
 tiny-model-bench: $(BENCH_MODEL)/config.json
 
 $(BENCH_MODEL)/config.json: tools/build_tiny_model.py Makefile | setup
-	$(PY) -m stable_prefix.tools.build_tiny_model --out $(BENCH_MODEL) --preset default --dtype float32 --reply-tokens $(BENCH_REPLY_TOKENS)
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(BENCH_MODEL) --preset default --dtype float32 --reply-tokens $(BENCH_REPLY_TOKENS) --context-tokens $(BENCH_CONTEXT_TOKENS)
 
 # Rapid-MLX without its declared dependencies (torch, opencv and mlx-vlm serve only its
 # vision paths), then its text path's, pinned (bench/rapid-mlx-requirements.txt).

@@ -423,8 +423,12 @@ def notable_table(result: dict[str, Any]) -> list[str]:
             if row is None:
                 cells.append("-")
                 continue
+            if row.get("error") or row.get("status") != 200:
+                # A refused or failed request has no figures to show: its status says what happened.
+                cells.append(f"HTTP {row.get('status')}" if row.get("status") not in (None, 200) else "error")
+                continue
             reused = "?" if row["reused_tokens"] is None else f"{row['reused_tokens']:,}"
-            cells.append(f"{_seconds(row['ttft_s'])} / {_seconds(row['total_s'])} ({reused} / {row['prompt_tokens']:,}; {_tokens(row.get('output_tokens'))})")
+            cells.append(f"{_seconds(row['ttft_s'])} / {_seconds(row['total_s'])} ({reused} / {_tokens(row['prompt_tokens'])}; {_tokens(row.get('output_tokens'))})")
         lines.append(f"| #{note['index']} {note['what']} | " + " | ".join(cells) + " |")
     return lines
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from stable_prefix.bench.report import markdown, targets_table, verdict
+from stable_prefix.bench.report import markdown, notable_table, targets_table, verdict
 
 
 def paired(median, low=None, high=None, requests=5, rescaled=0):
@@ -115,3 +115,14 @@ def test_the_report_leads_with_tokens_prefilled_ttft_and_turn_time_and_says_how_
     assert header.split(" | ")[1:5] == ["tokens prefilled", "warm TTFT", "warm turn time", "cold TTFT"]
     assert "| warm turn time, main | 1.00x [0.90, 1.10] level (5) | 1.20x [1.10, 1.30] behind (5, 3 rescaled) |" in report
     assert "| requests that decoded the same number of tokens (greedy) | 8 of 8 | 8 of 8 |" in report
+
+
+def test_a_notable_request_that_was_refused_shows_its_status_not_figures(result):
+    result["session"]["notable_requests"] = [{"index": 3, "what": "main turn with the longest history"}]
+    answered = {"index": 3, "status": 200, "error": None, "ttft_s": 0.5, "total_s": 1.5, "reused_tokens": 900,
+                "prompt_tokens": 1000, "output_tokens": 20}
+    refused = {"index": 3, "status": 400, "error": "HTTP 400: prompt is too long", "ttft_s": 0.0, "total_s": 0.07,
+               "reused_tokens": None, "prompt_tokens": None, "output_tokens": None}
+    result["rows"] = [{**answered, "configuration": "4-patched+addon"}, {**refused, "configuration": "9-rapid-mlx+addon"}]
+    line = next(line for line in notable_table(result) if line.startswith("| #3"))
+    assert "0.50 s / 1.50 s (900 / 1,000; 20)" in line and "HTTP 400" in line and "| - |" in line

@@ -324,6 +324,14 @@ def test_reply_tokens_zero_builds_a_model_whose_replies_run_to_max_tokens(small_
     assert len(responses) == 100 and responses[-1].finish_reason == "length"
 
 
+def test_the_context_is_32768_tokens_unless_asked_and_only_the_config_says_so(small_builds, tmp_path):
+    build(tmp_path / "long", "--seed", "7", "--context-tokens", "131072")
+    long_files, default_files = sha256_of_files(tmp_path / "long"), sha256_of_files(small_builds["a"])
+    assert json.loads((small_builds["a"] / "config.json").read_text())["max_position_embeddings"] == 32768
+    assert json.loads((tmp_path / "long" / "config.json").read_text())["max_position_embeddings"] == 131072
+    assert long_files["model.safetensors"] == default_files["model.safetensors"]
+
+
 def test_build_rejects_heads_that_do_not_divide_the_hidden_size(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as failure:
         build(tmp_path / "bad", "--heads", "3")

@@ -282,7 +282,7 @@ def model_config(shape: Shape, dtype: str) -> dict:
         "hidden_size": shape.hidden_size,
         "initializer_range": 0.02,
         "intermediate_size": shape.intermediate_size,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": shape.context_tokens,
         "max_window_layers": shape.layers,
         "model_type": "qwen2",
         "num_attention_heads": shape.heads,
@@ -427,6 +427,7 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int, Family
     parser.add_argument("--heads", type=int, help="override the preset's attention heads")
     parser.add_argument("--kv-heads", type=int, help="override the preset's key/value heads")
     parser.add_argument("--intermediate-size", type=int, help="override the preset's MLP size")
+    parser.add_argument("--context-tokens", type=int, help="the context the model declares (default 32768)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], help="weight dtype (default float16; float32 for other families)")
     parser.add_argument(
@@ -438,7 +439,7 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int, Family
     arguments = parser.parse_args(argv)
     overrides = {
         field: getattr(arguments, field)
-        for field in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size")
+        for field in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context_tokens")
         if getattr(arguments, field) is not None
     }
     for field, value in overrides.items():

@@ -35,6 +35,8 @@ class Shape:
     heads: int
     kv_heads: int
     intermediate_size: int
+    # The context the model declares (max_position_embeddings): what the engine refuses a prompt beyond.
+    context_tokens: int = 32768
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,7 @@ def qwen3_5_config(shape: Shape) -> dict:
         "rms_norm_eps": 1e-6,
         "vocab_size": VOCAB_SIZE,
         "tie_word_embeddings": True,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": shape.context_tokens,
         "rope_parameters": {"type": "default", "mrope_section": [2, 1, 1], "rope_theta": 100000, "partial_rotary_factor": 0.25},
     }
 
@@ -246,7 +248,7 @@ def gemma3_text_config(shape: Shape) -> dict:
         "sliding_window": SLIDING_WINDOW,
         "sliding_window_pattern": 6,
         "query_pre_attn_scalar": head_dim,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": shape.context_tokens,
     }
 
 
@@ -259,7 +261,7 @@ def nemotron_h_config(shape: Shape) -> dict:
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,
         "num_hidden_layers": shape.layers,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": shape.context_tokens,
         "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads,
         "head_dim": shape.hidden_size // shape.heads,
