@@ -28,10 +28,22 @@ VENV_BIN = Path(sys.executable).parent
 LOOPBACK = "127.0.0.1"
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
+    """A loopback port nobody listens on, never one this process handed out before: the kernel may give a
+    just-released port again, and a stack takes several ports before any server binds (a second server on
+    the door's port fails to listen, while the door answers its readiness check in its place)."""
+    with _handed_out_lock:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((LOOPBACK, 0))
+                port = sock.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 @dataclass
