@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     soak_settings, load_settings = settings_from(args)
     out = args.out or (REPO_ROOT / "build" / "soak-small" if args.small else REPO_ROOT / "bench" / "results" / "soak")
     # The stacks' logs, captures and disk caches: scratch, never results (only soak.json and soak.md are kept).
-    work = REPO_ROOT / "build" / ("soak-small-work" if args.small else "soak-work") if args.out is None else out / "work"
+    work = out / "work" if args.out or args.small else REPO_ROOT / "build" / "soak-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     soak_stack = StackSettings(args.model, work / "soak", args.ram_budget, args.disk_budget, args.engine)
