@@ -17,7 +17,11 @@ earned its keep. Every break of the forwarded pair gets a `cause`:
   mode switch             the agent's mode changed (opencode's plan and build:
                           their turn reminders differ, and so does the `task`
                           tool's list of subagents)
-  compaction              the request newly carries the empty system message
+  compaction              the client says so (Claude Code's
+                          `x-claude-code-compaction` on the summary request,
+                          `x-claude-code-context-compacted` after it,
+                          `lanes.told_compaction`); where it does not say:
+                          the request newly carries the empty system message
                           Claude Code 2.1.3xx sends after /compact, or the
                           main agent's conversation restarted in the same
                           session (the agent's session header, `lanes.py`)
@@ -59,7 +63,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stable_prefix.addons import normalize, responses_input
-from stable_prefix.addons.lanes import LaneNames, LaneSignature, first_prompt_digest, lane_group, lane_signature, session_of
+from stable_prefix.addons.lanes import (
+    LaneNames,
+    LaneSignature,
+    first_prompt_digest,
+    lane_group,
+    lane_signature,
+    session_of,
+    told_compaction,
+)
 from stable_prefix.addons.normalize import (
     CONVERSATION_CONTEXT,
     CONVERSATION_KEY,
@@ -104,13 +116,14 @@ class PromptSnapshot:
     session: str | None = None  # the conversation, where the agent names it (`lanes.session_of`)
     empty_system_message: bool = False  # what Claude Code 2.1.3xx sends after /compact
     mode: str | None = None  # the agent's mode, from its turn reminders (opencode's plan mode)
+    compaction: str | None = None  # what the client says of a compaction (`lanes.told_compaction`)
 
     @classmethod
     def of(cls, body: dict, api: Api, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
         messages = normalize.conversation(body, api) or []
         empty = any(isinstance(m, dict) and m.get("role") == "system" and m.get("content") in ("", []) for m in messages)
         return cls(api, prompt_order(body, api), lane_signature(body, api, headers), session_of(headers), empty,
-                   normalize.agent_mode(body, api))
+                   normalize.agent_mode(body, api), told_compaction(headers))
 
 
 @dataclass(frozen=True)
@@ -474,6 +487,8 @@ class PrefixDiagnosis:
             return rule_note(explained_by, applied=False)
         if any(order.segments[divergence.segment_index].path == PREVIOUS_RESPONSE for order in (state.forwarded, forwarded) if divergence.segment_index < len(order.segments)):
             return SERVER_HISTORY
+        if client.compaction is not None:
+            return COMPACTION  # the client says so: no guess needed
         if any(normalize.is_environment_line(line) for line in _changed_lines(state.forwarded, forwarded, divergence)):
             return ENVIRONMENT
         if client.empty_system_message and not state.empty_system_message:

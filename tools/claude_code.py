@@ -57,6 +57,10 @@ OFFLINE_ENVIRONMENT = {
     "DISABLE_TELEMETRY": "1",
     "DISABLE_ERROR_REPORTING": "1",
 }
+# Claude Code then says in headers what each request is (a subagent's type, `fork` for a fork, a
+# compaction, the request's class): the lanes and the diagnosis read them instead of guessing
+# (`addons/lanes.py`). Off by default against a custom base URL.
+HINT_HEADERS = {"CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1"}
 # Sent as `Authorization: Bearer`: unlike ANTHROPIC_API_KEY, Claude Code asks no approval for it.
 LOCAL_AUTH_TOKEN = "local-model"
 # The user's own credentials must not go to a local server, and would make Claude Code ask which to use.
@@ -109,6 +113,7 @@ def stack_environment(base_url: str, model: str, max_output_tokens: int) -> dict
         "CLAUDE_CODE_SUBAGENT_MODEL": model,
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens),
         **OFFLINE_ENVIRONMENT,
+        **HINT_HEADERS,
     }
 
 
@@ -174,6 +179,8 @@ class ClaudeCode:
     sandbox: Sandbox
     base_url: str
     api_key: str = DUMMY_API_KEY
+    hint_headers: bool = True  # as `stable-prefix claude` runs it; False: what a plain ANTHROPIC_BASE_URL user sends
+    extra_environment: tuple[tuple[str, str], ...] = ()  # e.g. (("CLAUDE_CODE_FORK_SUBAGENT", "1"),)
 
     def environment(self, *, side_requests: bool = False) -> dict[str, str]:
         """A minimal environment: nothing of the caller's shell leaks in (no real keys, no proxies).
@@ -195,7 +202,9 @@ class ClaudeCode:
         }
         if not side_requests:
             environment["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
-        return environment
+        if self.hint_headers:
+            environment.update(HINT_HEADERS)
+        return {**environment, **dict(self.extra_environment)}
 
     def print_turn(self, prompt: str, *, continue_conversation: bool = False,
                    timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
