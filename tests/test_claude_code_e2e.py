@@ -301,3 +301,42 @@ def test_two_subagent_tasks_of_one_type_each_reuse_their_own_instances_prefix(cl
     assert len(groups) == 1 and groups.pop().startswith("sub:"), "both instances are of one subagent type"
     assert_billing_block_never_reached_the_engine(turns)
     assert_requests_fit_the_server(turns)
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["hint headers", "no hint headers"])
+def test_a_fork_subagent_is_served_from_the_main_lanes_cache_and_gets_a_lane_of_its_own(claude_binary: Path, tmp_path: Path, capsys, told: bool) -> None:
+    """With CLAUDE_CODE_FORK_SUBAGENT=1 the main agent starts a fork (scripted: `subagent_type: "fork"`);
+    the fork's first request is the main agent's prompt with the call and its directive after it: the
+    engine reuses >= 95% of it from the main lane's cache, and the fork's turns are a lane named as a
+    fork of main. With the hint headers Claude Code says `fork` (`x-claude-code-agent-type`); without
+    them the lanes tell it by its agent id on the main lane's signature."""
+    fork = {"subagent_type": "fork", "description": "Count the files", "prompt": "Count the files in this folder."}
+    with running_stack(tmp_path / "stack", [{"tool": "Agent", "inputs": [fork]}]) as stack:
+        claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), stack.proxy.url,
+                                        hint_headers=told, extra_environment=(("CLAUDE_CODE_FORK_SUBAGENT", "1"),))
+        started = time.monotonic()
+        result = claude.print_turn("Count the files here with a fork.", timeout=2 * COLD_TURN_TIMEOUT_S)
+        assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
+        stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
+        turns = collect_turns(stack)
+        with capsys.disabled():
+            print_table(f"claude -p starting a fork ({'with' if told else 'without'} hint headers)", turns, stack.cache_stats(), time.monotonic() - started)
+
+    forks = [turn for turn in turns if turn.capture["request"]["headers"].get("x-claude-code-agent-id")]
+    assert forks, "no request named a subagent instance: the fork did not start"
+    agent_id = forks[0].capture["request"]["headers"]["x-claude-code-agent-id"]
+    assert {turn.lane for turn in forks} == {f"fork:main@{agent_id[:8]}"}
+    assert (forks[0].capture["request"]["headers"].get("x-claude-code-agent-type") == "fork") is told
+    main = [turn for turn in turns if turn not in forks]
+    assert {turn.lane for turn in main} == {"main"}
+    first = forks[0]
+    diagnosis = first.capture["diagnosis"]
+    assert diagnosis["request_in_lane"] == 1 and diagnosis["shared_with_earlier"]["lane"] == "main", diagnosis["line"]
+    with capsys.disabled():
+        print(f"the fork's first request: {first.reused_tokens:,} of {first.prompt_tokens:,} prompt tokens reused "
+              f"({first.reused_tokens / first.prompt_tokens:.1%}); {diagnosis['line']}")
+    assert first.reused_tokens >= MIN_NEW_CONVERSATION_REUSE * first.prompt_tokens, (
+        f"the fork reused {first.reused_tokens:,} of {first.prompt_tokens:,} prompt tokens")
+    assert_billing_block_never_reached_the_engine(turns)
+    assert_requests_fit_the_server(turns)
+    assert_every_later_request_of_a_lane_is_warm(turns)
