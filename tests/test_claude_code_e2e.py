@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,8 +58,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 @contextlib.contextmanager
-def running_stack(tmp_path: Path, script: list[dict] | None = None) -> Iterator[Stack]:
-    with agent_stack.running_stack(tmp_path, TINY_MODEL, SERVED_MODEL, ANSWER_TOKENS, MESSAGES_PATH, script) as started:
+def running_stack(tmp_path: Path, script: list[dict] | None = None, *, forward_proxy: bool = False) -> Iterator[Stack]:
+    with agent_stack.running_stack(tmp_path, TINY_MODEL, SERVED_MODEL, ANSWER_TOKENS, MESSAGES_PATH, script, forward_proxy=forward_proxy) as started:
         yield started
 
 
@@ -340,3 +341,43 @@ def test_a_fork_subagent_is_served_from_the_main_lanes_cache_and_gets_a_lane_of_
     assert_billing_block_never_reached_the_engine(turns)
     assert_requests_fit_the_server(turns)
     assert_every_later_request_of_a_lane_is_warm(turns)
+
+
+def test_through_a_forward_proxy_with_message_threads_on_every_turn_reaches_the_engine_whole_and_warm(claude_binary: Path, tmp_path: Path, capsys) -> None:
+    """HTTPS_PROXY at mitmdump (`--mode regular`, its CA through NODE_EXTRA_CA_CERTS), no ANTHROPIC_BASE_URL:
+    Claude Code believes it talks to Anthropic. CLAUDE_CODE_TETHER_LIVE=1 turns its Message Threads on (what
+    a feature flag of Anthropic's would do). Every request goes to the engine, none leaves loopback; a thread's
+    `continue` is answered 400 and Claude Code sends the turn again whole; the first-party billing line is
+    stripped; the second turn is warm."""
+    script = [{"tool": "Bash", "inputs": [{"command": "ls", "description": "List the files"}]}]
+    with running_stack(tmp_path / "stack", script, forward_proxy=True) as stack:
+        forward = (("HTTPS_PROXY", stack.proxy.url), ("NODE_EXTRA_CA_CERTS", str(stack.ca_cert)), ("CLAUDE_CODE_TETHER_LIVE", "1"))
+        claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), None,
+                                        extra_environment=forward)
+        started = time.monotonic()
+        result = claude.print_turn("List the files here.", timeout=2 * COLD_TURN_TIMEOUT_S)
+        assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
+        stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
+        captures = stack.captures()
+        refused = [capture for capture in captures if (capture["response"] or {}).get("status") == 400]
+        proxy_log = stack.proxy.log_text()
+        forwarded = [capture for capture in captures if capture not in refused]
+        arrived = stack.arrived()
+        with capsys.disabled():
+            print(f"\nforward proxy: {len(captures)} requests in {time.monotonic() - started:.1f}s, {len(refused)} thread continue(s) refused")
+            for capture in forwarded:
+                print(f"  {capture['diagnosis']['line'] if capture.get('diagnosis') else capture['lane']}")
+
+    assert any('"thread"' in json.dumps(capture["client_body"]) for capture in captures), "Claude Code sent no message thread; has the CLI changed?"
+    assert refused, "no thread continue was sent (and refused)"
+    assert all(capture["client_body"].get("thread", {}).get("type") == "continue" for capture in refused)
+    assert len(arrived) == len(forwarded) and all(record["status"] == 200 for record in arrived)
+    for record in arrived:
+        assert "thread" not in record["request"] and record["request"].get("system") and record["request"].get("tools"), (
+            "a request reached the engine without its whole prompt")
+        assert BILLING_HEADER not in json.dumps(record["request"])
+    assert any("cch=" in json.dumps(capture["client_body"]) for capture in captures), "no first-party billing line: did it see a custom base URL?"
+    connected = set(re.findall(r"server connect (\S+)", proxy_log))
+    assert connected and all(address.startswith("127.0.0.1:") for address in connected), f"the proxy connected beyond loopback: {connected}"
+    later = arrived[1:]
+    assert later and all(record["usage"].get("cache_read_input_tokens", 0) > 0 for record in later), [r["usage"] for r in arrived]

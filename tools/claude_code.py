@@ -173,11 +173,12 @@ class Sandbox:
 
 @dataclass(frozen=True)
 class ClaudeCode:
-    """The pinned CLI, pointed at `base_url` (our proxy), inside one sandbox."""
+    """The pinned CLI, pointed at `base_url` (our proxy), inside one sandbox; `base_url=None`: no
+    ANTHROPIC_BASE_URL (a forward proxy set in `extra_environment`, HTTPS_PROXY and its CA)."""
 
     binary: Path
     sandbox: Sandbox
-    base_url: str
+    base_url: str | None
     api_key: str = DUMMY_API_KEY
     hint_headers: bool = True  # as `stable-prefix claude` runs it; False: what a plain ANTHROPIC_BASE_URL user sends
     extra_environment: tuple[tuple[str, str], ...] = ()  # e.g. (("CLAUDE_CODE_FORK_SUBAGENT", "1"),)
@@ -195,13 +196,14 @@ class ClaudeCode:
             "TERM": "xterm-256color",
             "LANG": "C.UTF-8",
             "CLAUDE_CONFIG_DIR": str(self.sandbox.config_dir),
-            "ANTHROPIC_BASE_URL": self.base_url,
             "ANTHROPIC_API_KEY": self.api_key,
             "CLAUDE_CODE_MAX_RETRIES": "0",  # a retry would be a second cold prefill and blur the lanes
             **OFFLINE_ENVIRONMENT,
         }
         if not side_requests:
             environment["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
+        if self.base_url is not None:
+            environment["ANTHROPIC_BASE_URL"] = self.base_url
         if self.hint_headers:
             environment.update(HINT_HEADERS)
         return {**environment, **dict(self.extra_environment)}
