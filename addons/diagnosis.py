@@ -25,6 +25,11 @@ earned its keep. Every break of the forwarded pair gets a `cause`:
                           Claude Code 2.1.3xx sends after /compact, or the
                           main agent's conversation restarted in the same
                           session (the agent's session header, `lanes.py`)
+  late tool change        `tools` changed, and every tool it gained a system
+                          message of the conversation adds (Claude Code's
+                          late tool changes, `normalize.late_tool_names`):
+                          the client itself changed what comes before the
+                          whole history
   history edited          the break lies in the conversation after its first
                           assistant message: a message was changed or the
                           history cut back (a rewind; the summary request of
@@ -93,6 +98,7 @@ MODE_SWITCH = "mode switch"
 COMPACTION = "compaction"
 CONTEXT_CHANGED = "context changed"
 HISTORY_EDITED = "history edited"
+LATE_TOOL_CHANGE = "late tool change"
 NEW_CONVERSATION = "new conversation"
 NEW_TASK = "new task"
 SERVER_HISTORY = "history held by the server"
@@ -117,13 +123,14 @@ class PromptSnapshot:
     empty_system_message: bool = False  # what Claude Code 2.1.3xx sends after /compact
     mode: str | None = None  # the agent's mode, from its turn reminders (opencode's plan mode)
     compaction: str | None = None  # what the client says of a compaction (`lanes.told_compaction`)
+    late_tools: frozenset[str] = frozenset()  # tools its system messages add mid-conversation
 
     @classmethod
     def of(cls, body: dict, api: Api, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
         messages = normalize.conversation(body, api) or []
         empty = any(isinstance(m, dict) and m.get("role") == "system" and m.get("content") in ("", []) for m in messages)
         return cls(api, prompt_order(body, api), lane_signature(body, api, headers), session_of(headers), empty,
-                   normalize.agent_mode(body, api), told_compaction(headers))
+                   normalize.agent_mode(body, api), told_compaction(headers), frozenset(normalize.late_tool_names(body, api)))
 
 
 @dataclass(frozen=True)
@@ -343,6 +350,16 @@ def _tool_names(order: PromptOrder) -> list[str]:
     return [normalize.tool_names({"tools": [s.value]})[0] for s in order.segments if s.path.startswith("tools[")]
 
 
+def _gained_tools(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> set[str] | None:
+    """The tools the current prompt has and the previous lacks, when they first differ in `tools`
+    and it gained some; None otherwise."""
+    if not any(order.segments[divergence.segment_index].path.startswith("tools[") for order in (previous, current)
+               if divergence.segment_index < len(order.segments)):
+        return None
+    gained = set(_tool_names(current)) - set(_tool_names(previous))
+    return gained or None
+
+
 def _in_conversation(previous: PromptOrder, divergence: Divergence) -> bool:
     """The break lies in one of the previous request's messages (not in system text or tools)."""
     segments = previous.segments
@@ -489,6 +506,9 @@ class PrefixDiagnosis:
             return SERVER_HISTORY
         if client.compaction is not None:
             return COMPACTION  # the client says so: no guess needed
+        gained = _gained_tools(state.forwarded, forwarded, divergence) if client.late_tools else None
+        if gained is not None and gained <= client.late_tools:
+            return LATE_TOOL_CHANGE
         if any(normalize.is_environment_line(line) for line in _changed_lines(state.forwarded, forwarded, divergence)):
             return ENVIRONMENT
         if client.empty_system_message and not state.empty_system_message:

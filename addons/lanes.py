@@ -7,7 +7,8 @@ prompt of its own). A prefix cache sees each as its own line of prompts, so a
 sub-agent call must not count as a break of the main lane.
 
 A lane is identified by its signature: the sorted tool names (deferred tools
-that ToolSearch loads mid-conversation left out) and the opening (first
+that ToolSearch loads mid-conversation left out, and tools a late tool change
+adds) and the opening (first
 `OPENING_CHARS` characters) of each system text piece, with billing and date
 lines and a git status paragraph left out. The opening is what a `/clear`
 leaves unchanged, so a new conversation of the same agent stays in its lane,
@@ -80,6 +81,7 @@ from stable_prefix.addons.normalize import (
     git_status_start,
     is_billing_line,
     is_date_line,
+    late_tool_names,
     system_texts,
     tool_names,
 )
@@ -230,7 +232,7 @@ def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = Non
                 size += len(line) + 1
         if kept:
             openings.append("\n".join(kept)[:OPENING_CHARS])
-    deferred = deferred_tool_names(body, api)
+    deferred = deferred_tool_names(body, api) | late_tool_names(body, api)  # neither is what the conversation began with
     tools = tuple(sorted(name for name in tool_names(body) if name not in deferred))
     if agent_id is None and agent.instance_by_first_prompt and tools and not AGENT_TOOLS & set(tools):
         agent_id = first_prompt_digest(body)  # tools, but none to start subagents with: a subagent
