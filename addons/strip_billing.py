@@ -202,7 +202,8 @@ class StripBilling:
             refused = forward_proxy.keep_threads_off(flow.request)
             if refused:
                 flow.response = forward_proxy.refusal(refused)
-                append_comment(flow, "refused: a message-thread continue (the engine holds no threads)")
+                flow.metadata[FLOW_NOTES] = {"answered_by_proxy": "a message-thread continue (the engine holds no threads)"}
+                append_comment(flow, f"refused: {flow.metadata[FLOW_NOTES]['answered_by_proxy']}")
                 return
         result = normalize_request(flow.request, self.rules, self.unread_items)
         if result is None:

@@ -359,7 +359,7 @@ def test_through_a_forward_proxy_with_message_threads_on_every_turn_reaches_the_
         assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
         stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
         captures = stack.captures()
-        refused = [capture for capture in captures if (capture["response"] or {}).get("status") == 400]
+        refused = [capture for capture in captures if capture["answered_by_proxy"]]
         proxy_log = stack.proxy.log_text()
         forwarded = [capture for capture in captures if capture not in refused]
         arrived = stack.arrived()
@@ -370,7 +370,7 @@ def test_through_a_forward_proxy_with_message_threads_on_every_turn_reaches_the_
 
     assert any('"thread"' in json.dumps(capture["client_body"]) for capture in captures), "Claude Code sent no message thread; has the CLI changed?"
     assert refused, "no thread continue was sent (and refused)"
-    assert all(capture["client_body"].get("thread", {}).get("type") == "continue" for capture in refused)
+    assert all(capture["client_body"].get("thread", {}).get("type") == "continue" and capture["response"]["status"] == 400 for capture in refused)
     assert len(arrived) == len(forwarded) and all(record["status"] == 200 for record in arrived)
     for record in arrived:
         assert "thread" not in record["request"] and record["request"].get("system") and record["request"].get("tools"), (

@@ -9,6 +9,7 @@ from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons import forward_proxy
+from stable_prefix.addons.request_body import FLOW_NOTES
 from stable_prefix.addons.strip_billing import StripBilling
 
 ENGINE = "http://127.0.0.1:8000"
@@ -66,6 +67,7 @@ def test_a_thread_continue_is_answered_with_a_400_that_says_what_to_set_and_neve
     assert flow.response.status_code == 400
     error = json.loads(flow.response.content)["error"]
     assert error["type"] == "invalid_request_error" and "ANTHROPIC_BASE_URL" in error["message"]
+    assert "message-thread continue" in flow.metadata[FLOW_NOTES]["answered_by_proxy"]
 
 
 def test_a_request_for_another_host_is_left_where_it_goes(addon):

@@ -68,10 +68,11 @@ class Stack:
 
     def wait_until_quiet(self, quiet_s: float = 3.0, timeout: float = 600.0) -> None:
         """Until the proxy's captures and the engine's door agree and nothing new arrived for `quiet_s`
-        (both write their records as a stream ends, maybe after the CLI exits)."""
+        (both write their records as a stream ends, maybe after the CLI exits); a request the proxy
+        answered itself never reaches the door."""
         deadline, last, changed = time.monotonic() + timeout, None, time.monotonic()
         while time.monotonic() < deadline:
-            counts = (len(self.arrived()), len(self.captures()))
+            counts = (len(self.arrived()), sum(not capture.get("answered_by_proxy") for capture in self.captures()))
             if counts != last:
                 last, changed = counts, time.monotonic()
             elif counts[0] == counts[1] and time.monotonic() - changed >= quiet_s:
