@@ -169,6 +169,18 @@ def assert_every_later_request_of_a_lane_is_warm(turns: list[Turn]) -> None:
             "the capture's usage differs from what the engine sent")
 
 
+def one_scripted_turn(claude: claude_code.ClaudeCode, stack: Stack, prompt: str, title: str, capsys) -> list[Turn]:
+    """One `claude -p` turn whose tool calls the door scripts; every request it made, its table printed."""
+    started = time.monotonic()
+    result = claude.print_turn(prompt, timeout=2 * COLD_TURN_TIMEOUT_S)
+    assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
+    stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
+    turns = collect_turns(stack)
+    with capsys.disabled():  # the table is the run's evidence: show it even when the test passes
+        print_table(title, turns, stack.cache_stats(), time.monotonic() - started)
+    return turns
+
+
 # --- the tests -----------------------------------------------------------------------------------
 
 
@@ -272,13 +284,8 @@ def test_two_subagent_tasks_of_one_type_each_reuse_their_own_instances_prefix(cl
               {"tool": "Bash", "inputs": [{"command": "git log --oneline", "description": "Show the history"}]}]
     with running_stack(tmp_path / "stack", script) as stack:
         claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), stack.proxy.url)
-        started = time.monotonic()
-        result = claude.print_turn("Explore this repository with two Explore agents at once.", timeout=2 * COLD_TURN_TIMEOUT_S)
-        assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
-        stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
-        turns = collect_turns(stack)
-        with capsys.disabled():
-            print_table("claude -p starting two Explore subagents", turns, stack.cache_stats(), time.monotonic() - started)
+        turns = one_scripted_turn(claude, stack, "Explore this repository with two Explore agents at once.",
+                                  "claude -p starting two Explore subagents", capsys)
 
     instances: dict[str, list[Turn]] = {}
     for turn in turns:
@@ -315,13 +322,8 @@ def test_a_fork_subagent_is_served_from_the_main_lanes_cache_and_gets_a_lane_of_
     with running_stack(tmp_path / "stack", [{"tool": "Agent", "inputs": [fork]}]) as stack:
         claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), stack.proxy.url,
                                         hint_headers=told, extra_environment=(("CLAUDE_CODE_FORK_SUBAGENT", "1"),))
-        started = time.monotonic()
-        result = claude.print_turn("Count the files here with a fork.", timeout=2 * COLD_TURN_TIMEOUT_S)
-        assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
-        stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
-        turns = collect_turns(stack)
-        with capsys.disabled():
-            print_table(f"claude -p starting a fork ({'with' if told else 'without'} hint headers)", turns, stack.cache_stats(), time.monotonic() - started)
+        turns = one_scripted_turn(claude, stack, "Count the files here with a fork.",
+                                  f"claude -p starting a fork ({'with' if told else 'without'} hint headers)", capsys)
 
     forks = [turn for turn in turns if turn.capture["request"]["headers"].get("x-claude-code-agent-id")]
     assert forks, "no request named a subagent instance: the fork did not start"
@@ -365,8 +367,10 @@ def test_through_a_forward_proxy_with_message_threads_on_every_turn_reaches_the_
         arrived = stack.arrived()
         with capsys.disabled():
             print(f"\nforward proxy: {len(captures)} requests in {time.monotonic() - started:.1f}s, {len(refused)} thread continue(s) refused")
-            for capture in forwarded:
-                print(f"  {capture['diagnosis']['line'] if capture.get('diagnosis') else capture['lane']}")
+            for capture, record in zip(forwarded, arrived, strict=False):
+                usage = record["usage"]
+                reused = usage.get("cache_read_input_tokens", 0)
+                print(f"  {reused:,}/{reused + usage.get('input_tokens', 0):,} tokens reused, TTFT {record['ttft_s']} s · {capture['diagnosis']['line']}")
 
     assert any('"thread"' in json.dumps(capture["client_body"]) for capture in captures), "Claude Code sent no message thread; has the CLI changed?"
     assert refused, "no thread continue was sent (and refused)"
