@@ -314,6 +314,7 @@ class Capture:
             f"client_{client_key}": client_body,
             f"forwarded_{forwarded_key}": forwarded_body,
             "changes": stripped.get("changes", []),
+            "answered_by_proxy": stripped.get("answered_by_proxy"),  # why the proxy answered it itself (never forwarded)
             "diagnosis": diagnosis,
             "response": summary,
         }

@@ -17,10 +17,19 @@ earned its keep. Every break of the forwarded pair gets a `cause`:
   mode switch             the agent's mode changed (opencode's plan and build:
                           their turn reminders differ, and so does the `task`
                           tool's list of subagents)
-  compaction              the request newly carries the empty system message
+  compaction              the client says so (Claude Code's
+                          `x-claude-code-compaction` on the summary request,
+                          `x-claude-code-context-compacted` after it,
+                          `lanes.told_compaction`); where it does not say:
+                          the request newly carries the empty system message
                           Claude Code 2.1.3xx sends after /compact, or the
                           main agent's conversation restarted in the same
                           session (the agent's session header, `lanes.py`)
+  late tool change        `tools` changed, and every tool it gained a system
+                          message of the conversation adds (Claude Code's
+                          late tool changes, `normalize.late_tool_names`):
+                          the client itself changed what comes before the
+                          whole history
   history edited          the break lies in the conversation after its first
                           assistant message: a message was changed or the
                           history cut back (a rewind; the summary request of
@@ -59,7 +68,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stable_prefix.addons import normalize, responses_input
-from stable_prefix.addons.lanes import LaneNames, LaneSignature, first_prompt_digest, lane_group, lane_signature, session_of
+from stable_prefix.addons.lanes import (
+    LaneNames,
+    LaneSignature,
+    first_prompt_digest,
+    lane_group,
+    lane_signature,
+    session_of,
+    told_compaction,
+)
 from stable_prefix.addons.normalize import (
     CONVERSATION_CONTEXT,
     CONVERSATION_KEY,
@@ -81,6 +98,7 @@ MODE_SWITCH = "mode switch"
 COMPACTION = "compaction"
 CONTEXT_CHANGED = "context changed"
 HISTORY_EDITED = "history edited"
+LATE_TOOL_CHANGE = "late tool change"
 NEW_CONVERSATION = "new conversation"
 NEW_TASK = "new task"
 SERVER_HISTORY = "history held by the server"
@@ -104,13 +122,15 @@ class PromptSnapshot:
     session: str | None = None  # the conversation, where the agent names it (`lanes.session_of`)
     empty_system_message: bool = False  # what Claude Code 2.1.3xx sends after /compact
     mode: str | None = None  # the agent's mode, from its turn reminders (opencode's plan mode)
+    compaction: str | None = None  # what the client says of a compaction (`lanes.told_compaction`)
+    late_tools: frozenset[str] = frozenset()  # tools its system messages add mid-conversation
 
     @classmethod
     def of(cls, body: dict, api: Api, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
         messages = normalize.conversation(body, api) or []
         empty = any(isinstance(m, dict) and m.get("role") == "system" and m.get("content") in ("", []) for m in messages)
         return cls(api, prompt_order(body, api), lane_signature(body, api, headers), session_of(headers), empty,
-                   normalize.agent_mode(body, api))
+                   normalize.agent_mode(body, api), told_compaction(headers), frozenset(normalize.late_tool_names(body, api)))
 
 
 @dataclass(frozen=True)
@@ -330,6 +350,16 @@ def _tool_names(order: PromptOrder) -> list[str]:
     return [normalize.tool_names({"tools": [s.value]})[0] for s in order.segments if s.path.startswith("tools[")]
 
 
+def _gained_tools(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> set[str] | None:
+    """The tools the current prompt has and the previous lacks, when they first differ in `tools`
+    and it gained some; None otherwise."""
+    if not any(order.segments[divergence.segment_index].path.startswith("tools[") for order in (previous, current)
+               if divergence.segment_index < len(order.segments)):
+        return None
+    gained = set(_tool_names(current)) - set(_tool_names(previous))
+    return gained or None
+
+
 def _in_conversation(previous: PromptOrder, divergence: Divergence) -> bool:
     """The break lies in one of the previous request's messages (not in system text or tools)."""
     segments = previous.segments
@@ -474,6 +504,11 @@ class PrefixDiagnosis:
             return rule_note(explained_by, applied=False)
         if any(order.segments[divergence.segment_index].path == PREVIOUS_RESPONSE for order in (state.forwarded, forwarded) if divergence.segment_index < len(order.segments)):
             return SERVER_HISTORY
+        if client.compaction is not None:
+            return COMPACTION  # the client says so: no guess needed
+        gained = _gained_tools(state.forwarded, forwarded, divergence) if client.late_tools else None
+        if gained is not None and gained <= client.late_tools:
+            return LATE_TOOL_CHANGE
         if any(normalize.is_environment_line(line) for line in _changed_lines(state.forwarded, forwarded, divergence)):
             return ENVIRONMENT
         if client.empty_system_message and not state.empty_system_message:

@@ -7,7 +7,8 @@ prompt of its own). A prefix cache sees each as its own line of prompts, so a
 sub-agent call must not count as a break of the main lane.
 
 A lane is identified by its signature: the sorted tool names (deferred tools
-that ToolSearch loads mid-conversation left out) and the opening (first
+that ToolSearch loads mid-conversation left out, and tools a late tool change
+adds) and the opening (first
 `OPENING_CHARS` characters) of each system text piece, with billing and date
 lines and a git status paragraph left out. The opening is what a `/clear`
 leaves unchanged, so a new conversation of the same agent stays in its lane,
@@ -18,7 +19,18 @@ its type's lane for reporting.
 Each agent says who it is in its own way (`AGENTS`, told apart by User-Agent):
   Claude Code  starts subagents with `Task`/`Agent`; a subagent's requests
                carry `x-claude-code-agent-id` (the instance), every request
-               `x-claude-code-session-id` (the conversation)
+               `x-claude-code-session-id` (the conversation). With
+               CLAUDE_CODE_GATEWAY_HINT_HEADERS=1 (what `stable-prefix
+               claude` sets; first-party hosts may send them too) it says
+               more (`ClaudeCodeHints`): `x-claude-code-agent-type` (the
+               subagent's type, `fork` for a fork),
+               `x-claude-code-request-class` (main, subagent, compaction,
+               auxiliary, side_reply, workflow), `x-claude-code-compaction`
+               on the summary request of /compact; besides, a subagent's
+               subagent carries `x-claude-code-parent-agent-id`, and a
+               remote session's auxiliary requests
+               `x-claude-code-auxiliary-type`. Where it says, the names
+               follow what it says; where it does not, the guesses below.
   opencode     starts them with `task`; every request carries `x-session-id`,
                a subagent's the child session's, with `x-parent-session-id`
   Qwen Code    starts them with `agent`; no header names anything, so an
@@ -39,6 +51,15 @@ Names, assigned in order of first appearance:
                 does an agent id header
   sub:<hash>@<id>  one instance of that subagent type (first 8 characters of
                 its agent id)
+  sub:<type>    a subagent type the request names (`x-claude-code-agent-type`),
+                `sub:<type>@<id>` its instances
+  fork:<parent>@<id>  a fork subagent: it inherits its parent's whole
+                conversation, so its signature is its parent's (system and
+                tools); `<parent>` is its parent's lane (`main`, or the
+                instance lane its parent-agent-id names). Told by its agent
+                type `fork`, or, where no type is sent, by an agent id on a
+                request whose signature is a main lane's
+  side:<type>   a request its client calls auxiliary and names the type of
   side:title    requests without tools that ask for a title (a `title` field
                 in their output schema, or the word in their system prompt)
   side:<hash>   other requests without tools
@@ -60,6 +81,7 @@ from stable_prefix.addons.normalize import (
     git_status_start,
     is_billing_line,
     is_date_line,
+    late_tool_names,
     system_texts,
     tool_names,
 )
@@ -69,6 +91,17 @@ OPENING_CHARS = 256
 INSTANCE_CHARS = 8
 AGENT_ID_HEADER = "x-claude-code-agent-id"
 SESSION_ID_HEADER = "x-claude-code-session-id"
+# What Claude Code 2.1.332 says of a request beyond its ids (the module docstring says when).
+PARENT_AGENT_ID_HEADER = "x-claude-code-parent-agent-id"
+AGENT_TYPE_HEADER = "x-claude-code-agent-type"
+AUXILIARY_TYPE_HEADER = "x-claude-code-auxiliary-type"
+REQUEST_CLASS_HEADER = "x-claude-code-request-class"
+COMPACTION_HEADER = "x-claude-code-compaction"  # `manual` or `auto`: the summary request of a compaction
+CONTEXT_COMPACTED_HEADER = "x-claude-code-context-compacted"  # a request of a conversation just compacted
+PROMPT_ID_HEADER = "x-claude-code-prompt-id"  # the user prompt a request serves (not used for lanes: one per turn)
+FORK_AGENT_TYPE = "fork"
+# A header value put into a lane name: a short word, nothing a log line or a file name would trip on.
+_NAME_WORD = re.compile(r"[A-Za-z0-9_.:-]{1,40}")
 
 
 @dataclass(frozen=True)
@@ -118,6 +151,9 @@ class LaneSignature:
     says_subagent: bool = False  # from the billing header, when the body still has it
     asks_for_title: bool = False  # its structured-output schema has a `title` field
     instance: str | None = None  # the subagent instance's agent id, when the request names it
+    agent_type: str | None = None  # the subagent type the request names (`fork` for a fork)
+    parent_instance: str | None = None  # the instance of the agent that started this one, when named
+    auxiliary_type: str | None = None  # what an auxiliary request is for, when the request names it
 
     @property
     def identity(self) -> LaneSignature:
@@ -163,6 +199,20 @@ def lane_group(lane: str) -> str:
     return lane.split("@", 1)[0]
 
 
+def told_word(headers: Mapping[str, str] | None, name: str) -> str | None:
+    """A header's value when it can go into a lane name as it is (a short word), else None."""
+    value = header(headers, name)
+    return value if value is not None and _NAME_WORD.fullmatch(value) else None
+
+
+def told_compaction(headers: Mapping[str, str] | None) -> str | None:
+    """What the client says of a compaction: `summary` for the request that writes the summary,
+    `compacted` for one of a conversation just compacted, None when it says neither."""
+    if header(headers, COMPACTION_HEADER) is not None or header(headers, REQUEST_CLASS_HEADER) == "compaction":
+        return "summary"
+    return "compacted" if header(headers, CONTEXT_COMPACTED_HEADER) is not None else None
+
+
 def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = None) -> LaneSignature:
     openings = []
     agent = agent_of(headers)
@@ -182,13 +232,16 @@ def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = Non
                 size += len(line) + 1
         if kept:
             openings.append("\n".join(kept)[:OPENING_CHARS])
-    deferred = deferred_tool_names(body, api)
+    deferred = deferred_tool_names(body, api) | late_tool_names(body, api)  # neither is what the conversation began with
     tools = tuple(sorted(name for name in tool_names(body) if name not in deferred))
     if agent_id is None and agent.instance_by_first_prompt and tools and not AGENT_TOOLS & set(tools):
         agent_id = first_prompt_digest(body)  # tools, but none to start subagents with: a subagent
         says_subagent = agent_id is not None
     instance = agent.instance_name(agent_id) if agent_id else None
-    return LaneSignature(tools, "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body), instance)
+    parent_id = header(headers, PARENT_AGENT_ID_HEADER) if agent is CLAUDE_CODE else None
+    parent = agent.instance_name(parent_id) if parent_id else None
+    return LaneSignature(tools, "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body), instance,
+                         told_word(headers, AGENT_TYPE_HEADER), parent, told_word(headers, AUXILIARY_TYPE_HEADER))
 
 
 def first_prompt_digest(body: dict) -> str | None:
@@ -260,15 +313,45 @@ class LaneNames:
 
     def __init__(self) -> None:
         self._names: dict[LaneSignature, str] = {}
+        self._told: dict[tuple[str, str, LaneSignature], str] = {}  # (kind, type the client named, identity) -> lane
+        self._instances: dict[str, str] = {}  # instance -> its lane, for a fork's parent
 
     def name_for(self, signature: LaneSignature) -> str:
+        if signature.auxiliary_type and not signature.tools:
+            return self._told_name("side", signature.auxiliary_type, signature)
         # Hints are not part of identity: the same agent may be seen with and
         # without its billing header (e.g. stripped captures).
         key = signature.identity
         if key not in self._names:
             self._names[key] = self._new_name(signature)
         name = self._names[key]
-        return f"{name}@{signature.instance}" if signature.instance else name
+        if signature.instance is None:
+            return name
+        if self._is_fork(signature, name):
+            parent = self._instances.get(signature.parent_instance or "", name)
+            lane = f"fork:{parent}@{signature.instance}"
+        elif signature.agent_type and signature.agent_type != FORK_AGENT_TYPE:
+            lane = f"{self._told_name('sub', signature.agent_type, signature)}@{signature.instance}"
+        else:
+            lane = f"{name}@{signature.instance}"
+        return self._instances.setdefault(signature.instance, lane)
+
+    @staticmethod
+    def _is_fork(signature: LaneSignature, name: str) -> bool:
+        """What the client says (`fork`); else a guess: a subagent instance whose system and tools
+        are a main lane's inherited its parent's whole prompt."""
+        if signature.agent_type is not None:
+            return signature.agent_type == FORK_AGENT_TYPE
+        return name.startswith("main")
+
+    def _told_name(self, kind: str, told: str, signature: LaneSignature) -> str:
+        """`sub:<type>` / `side:<type>` for a type the client named; the same type with other
+        tools or another prompt (another project's Explore) gets its signature's hash too."""
+        key = (kind, told, signature.identity)
+        if key not in self._told:
+            name = f"{kind}:{told}"
+            self._told[key] = name if name not in self._told.values() else f"{name}-{signature.digest}"
+        return self._told[key]
 
     def _new_name(self, signature: LaneSignature) -> str:
         taken = set(self._names.values())

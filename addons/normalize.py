@@ -33,7 +33,13 @@ Rules that keep the prompt prefix stable:
                    one at the tail would otherwise change the prefix. Empty
                    ones too. On the Responses path `developer` items as well
                    (Codex appends one when the sandbox or approval policy
-                   of a conversation changes).
+                   of a conversation changes). A system message carrying a
+                   late tool change (Claude Code's `tool_addition` /
+                   `tool_removal` blocks, betas `mid-conversation-tool-
+                   changes-...` and `inline-tools-...`) becomes text in the
+                   same place: an added tool's definition as ToolSearch's
+                   `<functions>` encoding, a tool named by reference as its
+                   name; `tools` is not touched.
   conversation_context
                    move system-prompt text that changes from one conversation
                    to the next but sits before the tools (opencode's `Today's
@@ -478,9 +484,50 @@ def drop_date_line(body: dict, api: Api) -> list[Change]:
     return _drop_system_lines(body, api, DATE_LINE, is_date_line, "date")
 
 
+TOOL_CHANGE_TYPES = ("tool_addition", "tool_removal")
+
+
+def late_tool_change(block: Any) -> tuple[str, str, dict | None] | None:
+    """(`tool_addition`/`tool_removal`, the tool's name, its definition when the block carries it)
+    for a tool change block of a system message; None for any other block."""
+    if not (isinstance(block, dict) and block.get("type") in TOOL_CHANGE_TYPES and isinstance(block.get("tool"), dict)):
+        return None
+    tool = block["tool"]
+    definition = tool.get("definition") if tool.get("type") == "tool_definition" else None
+    name = _tool_name(definition) if isinstance(definition, dict) else (tool.get("name") if tool.get("type") == "tool_reference" else None)
+    if not isinstance(name, str) or not name:
+        return None
+    return block["type"], name, definition if isinstance(definition, dict) else None
+
+
+def late_tool_names(body: dict, api: Api) -> set[str]:
+    """Tools that system messages inside the conversation add (Claude Code's late tool changes)."""
+    names = set()
+    for message in conversation(body, api) or []:
+        if isinstance(message, dict) and message.get("role") == "system" and isinstance(message.get("content"), list):
+            names |= {change[1] for change in map(late_tool_change, message["content"]) if change and change[0] == "tool_addition"}
+    return names
+
+
+def _tool_change_text(block: dict, text_type: str) -> dict:
+    """A tool change block as text: a definition in ToolSearch's encoding (as `inline_loaded_tools`
+    writes a loaded tool), a reference by its name."""
+    kind, name, definition = late_tool_change(block)
+    if definition is not None:
+        text = INLINED_TOOLS_OPEN + _tool_schema_line(definition) + "\n" + INLINED_TOOLS_CLOSE
+    else:
+        text = f"{'Tool added' if kind == 'tool_addition' else 'Tool removed'}: {name}"
+    return {"type": text_type, "text": text}
+
+
 def _wrap_reminder(content: Any, text_type: str = "text") -> Any | None:
     """The user-message content for a system message's content, or None when
-    it has a shape we do not know how to wrap (then it is left alone)."""
+    it has a shape we do not know how to wrap (then it is left alone). Tool
+    change blocks become text (`_tool_change_text`)."""
+    if isinstance(content, list) and any(late_tool_change(block) for block in content):
+        if not all(_is_text_block(block) or late_tool_change(block) for block in content):
+            return None
+        content = [block if _is_text_block(block) else _tool_change_text(block, text_type) for block in content]
     if isinstance(content, str):
         if content.startswith("<system-reminder>"):
             return content

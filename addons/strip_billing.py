@@ -12,7 +12,8 @@ request into the log and into `flow.comment` (marking the flow when the prefix
 broke). The diagnosis is made once the request has left, when the upstream
 answers (or fails), so it costs the request no latency: the engine is busy
 prefilling by then. Anthropic's own hosts, other paths, and bodies it cannot read go
-through byte for byte. Server-sent events are streamed, not buffered. When the
+through byte for byte; as a forward proxy with `anthropic_engine` set, Anthropic's
+hosts are answered by the engine instead (`forward_proxy.py`). Server-sent events are streamed, not buffered. When the
 engine cannot be reached or breaks off a stream, the client gets an error in
 its protocol's shape (`engine_errors.py`). For the Responses API it follows each
 answer as it passes (its id and output items), so that a later request
@@ -40,7 +41,7 @@ import re
 
 from mitmproxy import ctx, exceptions, http
 
-from stable_prefix.addons import engine_errors, exposure, normalize
+from stable_prefix.addons import engine_errors, exposure, forward_proxy, normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.lanes import routing_key
 from stable_prefix.addons.request_body import FLOW_NOTES, UnreadItems, normalize_request
@@ -96,6 +97,7 @@ def rules_from_options(options) -> normalize.Rules:
 class StripBilling:
     def __init__(self) -> None:
         self.rules = normalize.Rules()
+        self.anthropic_engine: forward_proxy.Engine | None = None
         self.diagnosis = PrefixDiagnosis()
         self.unread_items = UnreadItems()
         self.chains = ResponseChains()
@@ -165,12 +167,22 @@ class StripBilling:
             "When the engine cannot be reached, answer with a 502 JSON error in the request's protocol; when it breaks off "
             "a streamed answer, end the stream with the protocol's SSE error event (mitmproxy: an HTML page, a cut stream).",
         )
+        loader.add_option(
+            forward_proxy.OPTION, str, "",
+            "As a forward proxy (--mode regular, the client's HTTPS_PROXY, no ANTHROPIC_BASE_URL): send every request for "
+            "Anthropic's hosts to this engine instead (e.g. http://127.0.0.1:8000), with message threads kept off; nothing "
+            "reaches Anthropic. Empty: requests to Anthropic's hosts pass through untouched.",
+        )
         exposure.declare_option(loader)
         engine_errors.install()
 
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
         self.diagnosis.rules = self.rules
+        try:
+            self.anthropic_engine = forward_proxy.parse_engine(getattr(ctx.options, forward_proxy.OPTION))
+        except ValueError as error:
+            raise exceptions.OptionsError(f"{forward_proxy.OPTION}={getattr(ctx.options, forward_proxy.OPTION)!r}: {error}") from error
         header = ctx.options.lane_routing_header
         if header and not _HEADER_NAME.fullmatch(header):
             raise exceptions.OptionsError(f"lane_routing_header={header!r}: not an HTTP header name")
@@ -186,6 +198,13 @@ class StripBilling:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
             return
+        if self.anthropic_engine is not None and forward_proxy.send_to_engine(flow.request, self.anthropic_engine):
+            refused = forward_proxy.keep_threads_off(flow.request)
+            if refused:
+                flow.response = forward_proxy.refusal(refused)
+                flow.metadata[FLOW_NOTES] = {"answered_by_proxy": "a message-thread continue (the engine holds no threads)"}
+                append_comment(flow, f"refused: {flow.metadata[FLOW_NOTES]['answered_by_proxy']}")
+                return
         result = normalize_request(flow.request, self.rules, self.unread_items)
         if result is None:
             return

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,8 +58,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 @contextlib.contextmanager
-def running_stack(tmp_path: Path, script: list[dict] | None = None) -> Iterator[Stack]:
-    with agent_stack.running_stack(tmp_path, TINY_MODEL, SERVED_MODEL, ANSWER_TOKENS, MESSAGES_PATH, script) as started:
+def running_stack(tmp_path: Path, script: list[dict] | None = None, *, forward_proxy: bool = False) -> Iterator[Stack]:
+    with agent_stack.running_stack(tmp_path, TINY_MODEL, SERVED_MODEL, ANSWER_TOKENS, MESSAGES_PATH, script, forward_proxy=forward_proxy) as started:
         yield started
 
 
@@ -168,6 +169,18 @@ def assert_every_later_request_of_a_lane_is_warm(turns: list[Turn]) -> None:
             "the capture's usage differs from what the engine sent")
 
 
+def one_scripted_turn(claude: claude_code.ClaudeCode, stack: Stack, prompt: str, title: str, capsys) -> list[Turn]:
+    """One `claude -p` turn whose tool calls the door scripts; every request it made, its table printed."""
+    started = time.monotonic()
+    result = claude.print_turn(prompt, timeout=2 * COLD_TURN_TIMEOUT_S)
+    assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
+    stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
+    turns = collect_turns(stack)
+    with capsys.disabled():  # the table is the run's evidence: show it even when the test passes
+        print_table(title, turns, stack.cache_stats(), time.monotonic() - started)
+    return turns
+
+
 # --- the tests -----------------------------------------------------------------------------------
 
 
@@ -271,13 +284,8 @@ def test_two_subagent_tasks_of_one_type_each_reuse_their_own_instances_prefix(cl
               {"tool": "Bash", "inputs": [{"command": "git log --oneline", "description": "Show the history"}]}]
     with running_stack(tmp_path / "stack", script) as stack:
         claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), stack.proxy.url)
-        started = time.monotonic()
-        result = claude.print_turn("Explore this repository with two Explore agents at once.", timeout=2 * COLD_TURN_TIMEOUT_S)
-        assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
-        stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
-        turns = collect_turns(stack)
-        with capsys.disabled():
-            print_table("claude -p starting two Explore subagents", turns, stack.cache_stats(), time.monotonic() - started)
+        turns = one_scripted_turn(claude, stack, "Explore this repository with two Explore agents at once.",
+                                  "claude -p starting two Explore subagents", capsys)
 
     instances: dict[str, list[Turn]] = {}
     for turn in turns:
@@ -301,3 +309,79 @@ def test_two_subagent_tasks_of_one_type_each_reuse_their_own_instances_prefix(cl
     assert len(groups) == 1 and groups.pop().startswith("sub:"), "both instances are of one subagent type"
     assert_billing_block_never_reached_the_engine(turns)
     assert_requests_fit_the_server(turns)
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["hint headers", "no hint headers"])
+def test_a_fork_subagent_is_served_from_the_main_lanes_cache_and_gets_a_lane_of_its_own(claude_binary: Path, tmp_path: Path, capsys, told: bool) -> None:
+    """With CLAUDE_CODE_FORK_SUBAGENT=1 the main agent starts a fork (scripted: `subagent_type: "fork"`);
+    the fork's first request is the main agent's prompt with the call and its directive after it: the
+    engine reuses >= 95% of it from the main lane's cache, and the fork's turns are a lane named as a
+    fork of main. With the hint headers Claude Code says `fork` (`x-claude-code-agent-type`); without
+    them the lanes tell it by its agent id on the main lane's signature."""
+    fork = {"subagent_type": "fork", "description": "Count the files", "prompt": "Count the files in this folder."}
+    with running_stack(tmp_path / "stack", [{"tool": "Agent", "inputs": [fork]}]) as stack:
+        claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), stack.proxy.url,
+                                        hint_headers=told, extra_environment=(("CLAUDE_CODE_FORK_SUBAGENT", "1"),))
+        turns = one_scripted_turn(claude, stack, "Count the files here with a fork.",
+                                  f"claude -p starting a fork ({'with' if told else 'without'} hint headers)", capsys)
+
+    forks = [turn for turn in turns if turn.capture["request"]["headers"].get("x-claude-code-agent-id")]
+    assert forks, "no request named a subagent instance: the fork did not start"
+    agent_id = forks[0].capture["request"]["headers"]["x-claude-code-agent-id"]
+    assert {turn.lane for turn in forks} == {f"fork:main@{agent_id[:8]}"}
+    assert (forks[0].capture["request"]["headers"].get("x-claude-code-agent-type") == "fork") is told
+    main = [turn for turn in turns if turn not in forks]
+    assert {turn.lane for turn in main} == {"main"}
+    first = forks[0]
+    diagnosis = first.capture["diagnosis"]
+    assert diagnosis["request_in_lane"] == 1 and diagnosis["shared_with_earlier"]["lane"] == "main", diagnosis["line"]
+    with capsys.disabled():
+        print(f"the fork's first request: {first.reused_tokens:,} of {first.prompt_tokens:,} prompt tokens reused "
+              f"({first.reused_tokens / first.prompt_tokens:.1%}); {diagnosis['line']}")
+    assert first.reused_tokens >= MIN_NEW_CONVERSATION_REUSE * first.prompt_tokens, (
+        f"the fork reused {first.reused_tokens:,} of {first.prompt_tokens:,} prompt tokens")
+    assert_billing_block_never_reached_the_engine(turns)
+    assert_requests_fit_the_server(turns)
+    assert_every_later_request_of_a_lane_is_warm(turns)
+
+
+def test_through_a_forward_proxy_with_message_threads_on_every_turn_reaches_the_engine_whole_and_warm(claude_binary: Path, tmp_path: Path, capsys) -> None:
+    """HTTPS_PROXY at mitmdump (`--mode regular`, its CA through NODE_EXTRA_CA_CERTS), no ANTHROPIC_BASE_URL:
+    Claude Code believes it talks to Anthropic. CLAUDE_CODE_TETHER_LIVE=1 turns its Message Threads on (what
+    a feature flag of Anthropic's would do). Every request goes to the engine, none leaves loopback; a thread's
+    `continue` is answered 400 and Claude Code sends the turn again whole; the first-party billing line is
+    stripped; the second turn is warm."""
+    script = [{"tool": "Bash", "inputs": [{"command": "ls", "description": "List the files"}]}]
+    with running_stack(tmp_path / "stack", script, forward_proxy=True) as stack:
+        forward = (("HTTPS_PROXY", stack.proxy.url), ("NODE_EXTRA_CA_CERTS", str(stack.ca_cert)), ("CLAUDE_CODE_TETHER_LIVE", "1"))
+        claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), None,
+                                        extra_environment=forward)
+        started = time.monotonic()
+        result = claude.print_turn("List the files here.", timeout=2 * COLD_TURN_TIMEOUT_S)
+        assert result.returncode == 0, f"claude -p failed:\n{result.stdout}\n{result.stderr}"
+        stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)
+        captures = stack.captures()
+        refused = [capture for capture in captures if capture["answered_by_proxy"]]
+        proxy_log = stack.proxy.log_text()
+        forwarded = [capture for capture in captures if capture not in refused]
+        arrived = stack.arrived()
+        with capsys.disabled():
+            print(f"\nforward proxy: {len(captures)} requests in {time.monotonic() - started:.1f}s, {len(refused)} thread continue(s) refused")
+            for capture, record in zip(forwarded, arrived, strict=False):
+                usage = record["usage"]
+                reused = usage.get("cache_read_input_tokens", 0)
+                print(f"  {reused:,}/{reused + usage.get('input_tokens', 0):,} tokens reused, TTFT {record['ttft_s']} s · {capture['diagnosis']['line']}")
+
+    assert any('"thread"' in json.dumps(capture["client_body"]) for capture in captures), "Claude Code sent no message thread; has the CLI changed?"
+    assert refused, "no thread continue was sent (and refused)"
+    assert all(capture["client_body"].get("thread", {}).get("type") == "continue" and capture["response"]["status"] == 400 for capture in refused)
+    assert len(arrived) == len(forwarded) and all(record["status"] == 200 for record in arrived)
+    for record in arrived:
+        assert "thread" not in record["request"] and record["request"].get("system") and record["request"].get("tools"), (
+            "a request reached the engine without its whole prompt")
+        assert BILLING_HEADER not in json.dumps(record["request"])
+    assert any("cch=" in json.dumps(capture["client_body"]) for capture in captures), "no first-party billing line: did it see a custom base URL?"
+    connected = set(re.findall(r"server connect (\S+)", proxy_log))
+    assert connected and all(address.startswith("127.0.0.1:") for address in connected), f"the proxy connected beyond loopback: {connected}"
+    later = arrived[1:]
+    assert later and all(record["usage"].get("cache_read_input_tokens", 0) > 0 for record in later), [r["usage"] for r in arrived]

@@ -366,3 +366,40 @@ def test_without_agent_ids_interleaved_instances_break_each_other():
     session = Session()
     results = [session.send(claude_code.modern_subagent_request("explore", turns, task=task)) for turns in (1, 2) for task in ("Find the tests.", "Find the docs.")]
     assert [result.cause for result in results[1:]] == ["new task", "new task", "new task"]
+
+
+# --- what the client says (Claude Code's hint headers) ------------------------------------------
+
+
+def test_the_summary_request_of_a_compaction_is_named_a_compaction_from_its_header():
+    session = Session()
+    session.send(claude_code.modern_request(6), headers=claude_code.hint_headers("main"))
+    summary = claude_code.modern_request(4)
+    summary["messages"][-1]["content"][0]["content"] = "Write a summary of the conversation so far."
+    result = session.send(summary, headers=claude_code.hint_headers("compaction", compaction="manual"))
+    assert result.cause == "compaction"
+
+
+def test_the_same_cut_back_conversation_without_the_header_is_history_edited():
+    session = Session()
+    session.send(claude_code.modern_request(6), headers=claude_code.hint_headers("main"))
+    summary = claude_code.modern_request(4)
+    summary["messages"][-1]["content"][0]["content"] = "Write a summary of the conversation so far."
+    assert session.send(summary, headers=claude_code.hint_headers("main")).cause == "history edited"
+
+
+def test_a_request_the_client_says_follows_a_compaction_is_named_a_compaction_in_a_new_session_too():
+    session = Session()
+    session.send(claude_code.modern_request(6), headers=claude_code.hint_headers("main", session="s-1"))
+    after = claude_code.modern_request(1, prompt="Carry on from the summary.")
+    result = session.send(after, headers=claude_code.hint_headers("main", session="s-2", context_compacted="true"))
+    assert result.cause == "compaction"
+
+
+def test_a_forks_first_request_is_the_first_of_its_lane_and_shares_all_of_the_main_lanes_prompt():
+    session = Session()
+    main = session.send(claude_code.modern_request(3), headers=claude_code.hint_headers("main"))
+    fork_headers = claude_code.hint_headers("subagent", agent_id="a9c212f5b4adf0d5d", agent_type="fork")
+    fork = session.send(claude_code.fork_request(3), headers=fork_headers)
+    assert fork.lane == "fork:main@a9c212f5" and fork.comparison is None
+    assert fork.shared.lane == "main" and fork.shared.stable_prefix_bytes == main.total_bytes

@@ -1,5 +1,7 @@
 """Lanes: main agent, sub-agents and side requests are told apart."""
 
+import copy
+
 from fixtures import claude_code
 
 from stable_prefix.addons.lanes import LaneNames, lane_signature
@@ -117,3 +119,54 @@ def test_a_tool_loaded_on_the_openai_path_does_not_change_the_main_lane():
 def lanes_of_with_headers(*bodies_and_headers):
     names = LaneNames()
     return [names.name_for(lane_signature(body, "anthropic", headers)) for body, headers in bodies_and_headers]
+
+
+# --- what Claude Code 2.1.332 says in its headers (CLAUDE_CODE_GATEWAY_HINT_HEADERS=1) -------------------
+
+
+def test_a_fork_the_client_names_gets_a_lane_of_its_own_named_as_a_fork_of_the_main_lane():
+    assert lanes_of_with_headers(
+        (claude_code.modern_request(3), claude_code.hint_headers("main")),
+        (claude_code.fork_request(3), claude_code.hint_headers("subagent", agent_id="a9c212f5b4adf0d5d", agent_type="fork")),
+        (claude_code.modern_request(4), claude_code.hint_headers("main")),
+    ) == ["main", "fork:main@a9c212f5", "main"]
+
+
+def test_a_fork_is_told_without_its_type_by_an_agent_id_on_the_main_lanes_signature():
+    lanes = lanes_of_with_headers((claude_code.modern_request(3), claude_code.agent_headers()),
+                                  (claude_code.fork_request(3), claude_code.agent_headers("a87815867ad8e0be2")))
+    assert lanes == ["main", "fork:main@a8781586"]
+
+
+def test_a_fork_started_by_a_subagent_is_named_after_that_subagents_lane():
+    sub = claude_code.modern_subagent_request("general")
+    inherited = copy.deepcopy(sub)
+    inherited["messages"].append({"role": "assistant", "content": "A side job for a fork."})
+    lanes = lanes_of_with_headers(
+        (claude_code.modern_request(), claude_code.hint_headers("main")),
+        (sub, claude_code.hint_headers("subagent", agent_id="b0b0b0b0b0b0", agent_type="general-purpose")),
+        (inherited, claude_code.hint_headers("subagent", agent_id="f0f0f0f0f0f0", agent_type="fork", parent_agent_id="b0b0b0b0b0b0")),
+    )
+    assert lanes[1:] == ["sub:general-purpose@b0b0b0b0", "fork:sub:general-purpose@b0b0b0b0@f0f0f0f0"]
+
+
+def test_the_subagent_type_the_client_names_is_its_lane_name_and_a_second_signature_of_it_gets_a_hash():
+    explore, other_tools = claude_code.modern_subagent_request("explore"), claude_code.modern_subagent_request("general")
+    lanes = lanes_of_with_headers((explore, claude_code.hint_headers("subagent", agent_id="a1a1a1a1a1", agent_type="Explore")),
+                                  (explore, claude_code.hint_headers("subagent", agent_id="a2a2a2a2a2", agent_type="Explore")),
+                                  (other_tools, claude_code.hint_headers("subagent", agent_id="a3a3a3a3a3", agent_type="Explore")))
+    assert lanes[:2] == ["sub:Explore@a1a1a1a1", "sub:Explore@a2a2a2a2"]
+    assert lanes[2].startswith("sub:Explore-") and lanes[2].endswith("@a3a3a3a3")
+
+
+def test_an_agent_type_that_is_not_a_short_word_is_not_put_into_a_lane_name():
+    headers = claude_code.hint_headers("subagent", agent_id="a1a1a1a1a1", agent_type="two words\nand a line")
+    [lane] = lanes_of_with_headers((claude_code.modern_subagent_request(), headers))
+    assert lane.startswith("sub:") and "words" not in lane
+
+
+def test_an_auxiliary_request_the_client_names_is_a_side_lane_named_from_its_type():
+    quota = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "remember this"}]}
+    lanes = lanes_of_with_headers((quota, claude_code.hint_headers("auxiliary", auxiliary_type="memory_save")),
+                                  (claude_code.title_request(), claude_code.hint_headers("auxiliary")))
+    assert lanes == ["side:memory_save", "side:title"]

@@ -363,6 +363,7 @@ def test_claude_runs_claude_code_against_the_stack_with_the_served_model_and_the
         assert record["forwarded_body"]["max_tokens"] <= ANSWER_TOKENS
         assert "authorization" in record["request"]["headers"], "the local token goes as Authorization: Bearer"
         assert "x-api-key" not in record["request"]["headers"], "the user's own API key must not be sent"
+        assert record["request"]["headers"].get("x-claude-code-request-class") == "main", "Claude Code was not asked for its hint headers"
         assert record["response"]["status"] == 200
 
 

@@ -57,6 +57,10 @@ OFFLINE_ENVIRONMENT = {
     "DISABLE_TELEMETRY": "1",
     "DISABLE_ERROR_REPORTING": "1",
 }
+# Claude Code then says in headers what each request is (a subagent's type, `fork` for a fork, a
+# compaction, the request's class): the lanes and the diagnosis read them instead of guessing
+# (`addons/lanes.py`). Off by default against a custom base URL.
+HINT_HEADERS = {"CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1"}
 # Sent as `Authorization: Bearer`: unlike ANTHROPIC_API_KEY, Claude Code asks no approval for it.
 LOCAL_AUTH_TOKEN = "local-model"
 # The user's own credentials must not go to a local server, and would make Claude Code ask which to use.
@@ -109,6 +113,7 @@ def stack_environment(base_url: str, model: str, max_output_tokens: int) -> dict
         "CLAUDE_CODE_SUBAGENT_MODEL": model,
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens),
         **OFFLINE_ENVIRONMENT,
+        **HINT_HEADERS,
     }
 
 
@@ -168,12 +173,15 @@ class Sandbox:
 
 @dataclass(frozen=True)
 class ClaudeCode:
-    """The pinned CLI, pointed at `base_url` (our proxy), inside one sandbox."""
+    """The pinned CLI, pointed at `base_url` (our proxy), inside one sandbox; `base_url=None`: no
+    ANTHROPIC_BASE_URL (a forward proxy set in `extra_environment`, HTTPS_PROXY and its CA)."""
 
     binary: Path
     sandbox: Sandbox
-    base_url: str
+    base_url: str | None
     api_key: str = DUMMY_API_KEY
+    hint_headers: bool = True  # as `stable-prefix claude` runs it; False: what a plain ANTHROPIC_BASE_URL user sends
+    extra_environment: tuple[tuple[str, str], ...] = ()  # e.g. (("CLAUDE_CODE_FORK_SUBAGENT", "1"),)
 
     def environment(self, *, side_requests: bool = False) -> dict[str, str]:
         """A minimal environment: nothing of the caller's shell leaks in (no real keys, no proxies).
@@ -188,14 +196,17 @@ class ClaudeCode:
             "TERM": "xterm-256color",
             "LANG": "C.UTF-8",
             "CLAUDE_CONFIG_DIR": str(self.sandbox.config_dir),
-            "ANTHROPIC_BASE_URL": self.base_url,
             "ANTHROPIC_API_KEY": self.api_key,
             "CLAUDE_CODE_MAX_RETRIES": "0",  # a retry would be a second cold prefill and blur the lanes
             **OFFLINE_ENVIRONMENT,
         }
         if not side_requests:
             environment["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
-        return environment
+        if self.base_url is not None:
+            environment["ANTHROPIC_BASE_URL"] = self.base_url
+        if self.hint_headers:
+            environment.update(HINT_HEADERS)
+        return {**environment, **dict(self.extra_environment)}
 
     def print_turn(self, prompt: str, *, continue_conversation: bool = False,
                    timeout: float = 900.0) -> subprocess.CompletedProcess[str]:

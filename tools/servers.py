@@ -143,9 +143,10 @@ def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 def mitmdump_command(scripts: list[str], upstream: str, port: int, options: dict[str, object] | None = None,
-                     program: str = "mitmdump") -> list[str]:
-    """`program` (mitmdump, or mitmweb) in reverse mode before `upstream`, listening on 127.0.0.1:`port`."""
-    command = [str(VENV_BIN / program), "--mode", f"reverse:{upstream}", "--listen-host", LOOPBACK, "-p", str(port)]
+                     program: str = "mitmdump", mode: str | None = None) -> list[str]:
+    """`program` (mitmdump, or mitmweb) in reverse mode before `upstream` (or in `mode`, e.g. `regular`: a forward
+    proxy, `upstream` then unused), listening on 127.0.0.1:`port`."""
+    command = [str(VENV_BIN / program), "--mode", mode or f"reverse:{upstream}", "--listen-host", LOOPBACK, "-p", str(port)]
     for script in scripts:
         command += ["-s", str(REPO_ROOT / script)]
     for name, value in (options or {}).items():

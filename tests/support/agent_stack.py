@@ -34,6 +34,7 @@ class Stack:
     captures_dir: Path
     api_path: str  # the path the CLI's requests take: /v1/messages or /v1/chat/completions
     script_path: Path | None = None  # the door's scripted tool uses, when it has them
+    ca_cert: Path | None = None  # a forward proxy's CA certificate (for the client's NODE_EXTRA_CA_CERTS)
     # Where the current test's requests start (`new_window`), for a stack several tests share.
     arrived_before: int = 0
     captured_before: int = 0
@@ -67,10 +68,11 @@ class Stack:
 
     def wait_until_quiet(self, quiet_s: float = 3.0, timeout: float = 600.0) -> None:
         """Until the proxy's captures and the engine's door agree and nothing new arrived for `quiet_s`
-        (both write their records as a stream ends, maybe after the CLI exits)."""
+        (both write their records as a stream ends, maybe after the CLI exits); a request the proxy
+        answered itself never reaches the door."""
         deadline, last, changed = time.monotonic() + timeout, None, time.monotonic()
         while time.monotonic() < deadline:
-            counts = (len(self.arrived()), len(self.captures()))
+            counts = (len(self.arrived()), sum(not capture.get("answered_by_proxy") for capture in self.captures()))
             if counts != last:
                 last, changed = counts, time.monotonic()
             elif counts[0] == counts[1] and time.monotonic() - changed >= quiet_s:
@@ -94,9 +96,12 @@ def shipped_engine(tmp_path: Path, model: Path, served_model: str) -> Iterator[S
 def running_stack(
     tmp_path: Path, model: Path, served_model: str, answer_tokens: int, api_path: str, script: list[dict] | None = None,
     engine_flags: tuple[str, ...] = (),
+    forward_proxy: bool = False,
 ) -> Iterator[Stack]:
     """Engine, door and proxy; `script`: tool calls the door puts in place of the engine's answers;
-    `engine_flags`: more vllm-mlx flags (e.g. a default temperature for clients that send none)."""
+    `engine_flags`: more vllm-mlx flags (e.g. a default temperature for clients that send none);
+    `forward_proxy`: the proxy is a forward proxy (`--mode regular`, its own CA in the stack's folder)
+    that sends requests for Anthropic's hosts to the door (`anthropic_engine`)."""
     if not (model / "config.json").exists():
         pytest.fail(f"{model} is missing; run `make tiny-model` first", pytrace=False)
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -114,10 +119,15 @@ def running_stack(
         door_options["scripted_tool_uses"] = tmp_path / "script.json"
     door_command = mitmdump_command(door_scripts, f"http://127.0.0.1:{engine_port}", door_port, door_options)
     proxy_options = {"upstream_model": served_model, "max_tokens_cap": answer_tokens, "capture_dir": captures_dir}
-    proxy_command = mitmdump_command(["addons/strip_billing.py", "addons/capture.py"], f"http://127.0.0.1:{door_port}", proxy_port, proxy_options)
+    confdir = tmp_path / "mitmproxy"
+    if forward_proxy:
+        proxy_options |= {"anthropic_engine": f"http://127.0.0.1:{door_port}", "confdir": confdir}
+    proxy_command = mitmdump_command(["addons/strip_billing.py", "addons/capture.py"], f"http://127.0.0.1:{door_port}", proxy_port, proxy_options,
+                                     mode="regular" if forward_proxy else None)
     with (
         running("engine", engine_command, port=engine_port, log_dir=logs, ready=lambda: http_ok(f"http://127.0.0.1:{engine_port}/v1/models")) as engine,
         running("door", door_command, port=door_port, log_dir=logs),
         running("proxy", proxy_command, port=proxy_port, log_dir=logs) as proxy,
     ):
-        yield Stack(engine, proxy, door_record, captures_dir, api_path, door_options.get("scripted_tool_uses"))
+        yield Stack(engine, proxy, door_record, captures_dir, api_path, door_options.get("scripted_tool_uses"),
+                    confdir / "mitmproxy-ca-cert.pem" if forward_proxy else None)
