@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_code, claude_code_router, codex_cli, opencode, qwen_code
+from stable_prefix.tools import claude_code, claude_code_router, codex_cli, opencode, pi, qwen_code
 from stable_prefix.tools.npm_package import AgentUnavailable
 
 # Servers started by tests keep their KV snapshots in RAM only: no test reads or
@@ -52,3 +52,9 @@ def opencode_binary() -> Path:
 def qwen_cli() -> Path:
     """The pinned Qwen Code, in .claude-cli/qwen-code/."""
     return _installed(qwen_code.install, "Qwen Code")
+
+
+@pytest.fixture(scope="session")
+def pi_cli() -> Path:
+    """The pinned Pi, in .claude-cli/pi/."""
+    return _installed(pi.install, "Pi")

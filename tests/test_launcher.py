@@ -1,4 +1,4 @@
-"""`stable-prefix up`, and `stable-prefix claude|opencode|qwen` against it, run as a user runs them: real processes, real signals.
+"""`stable-prefix up`, and `stable-prefix claude|opencode|qwen|codex|pi` against it, run as a user runs them: real processes, real signals.
 
 The launcher is started as a subprocess with the test's tiny model; the tests
 read what it prints, send requests through it, and check which processes are
@@ -318,13 +318,27 @@ def test_a_live_line_reads_openai_usage_and_names_a_failed_request():
 # --- stable-prefix claude (and every agent's command without a stack) ------------------------------------
 
 
-@pytest.mark.parametrize("command", ["claude", "opencode", "qwen", "codex"])
+AGENT_COMMANDS = ["claude", "opencode", "qwen", "codex", "pi"]
+
+
+@pytest.mark.parametrize("command", AGENT_COMMANDS)
 def test_an_agent_without_a_running_stack_says_how_to_start_one(command, tmp_path):
     result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, "--port", "18123", "hi"], capture_output=True,
                             text=True, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
     assert result.returncode == 2
     assert f"stable-prefix {command}: no stack is running on port 18123" in result.stderr
     assert "stable-prefix up MODEL --port 18123" in result.stderr
+
+
+# Each agent's command with one of the two help flags (both work for every command: one launcher reads them).
+@pytest.mark.parametrize(("command", "flag"), zip(AGENT_COMMANDS, ["--help", "-h", "--help", "-h", "--help"], strict=True))
+def test_an_agents_help_says_what_the_command_does_with_no_stack_running(command, flag, tmp_path):
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, flag], capture_output=True, text=True,
+                            env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: stable-prefix {command} [--port N]")
+    assert "Reads where the stack is from the state file `stable-prefix up` writes" in result.stdout
+    assert "no stack is running" not in result.stdout + result.stderr
 
 
 def user_config(root: Path) -> dict[str, str]:
