@@ -469,3 +469,29 @@ def test_qwen_runs_against_the_stack_with_the_served_model_and_its_settings_writ
     settings = launcher.state_path.with_name(f"qwen-settings-{launcher.port}.json")
     assert json.loads(settings.read_text())["privacy"] == {"usageStatisticsEnabled": False}
     assert settings.stat().st_mode & 0o777 == 0o600, "Qwen Code rewrote the settings (an older format version?)"
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_pi_runs_against_the_stack_with_the_served_model_and_leaves_the_users_pi_folder_as_it_was(web_stack, pi_cli, tmp_path):
+    launcher, state = web_stack
+    home, project = tmp_path / "home", tmp_path / "project"
+    agent_folder = home / ".pi" / "agent"
+    agent_folder.mkdir(parents=True)
+    project.mkdir()
+    users_own = {"models.json": json.dumps({"providers": {"my-cloud": {"baseUrl": "https://api.example.invalid/v1", "api": "openai-completions",
+                                                                      "apiKey": "MY_KEY", "models": [{"id": "big-model"}]}}}),
+                 "settings.json": json.dumps({"defaultProvider": "my-cloud", "defaultModel": "big-model"})}
+    for name, text in users_own.items():
+        (agent_folder / name).write_text(text)
+    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home)}
+    from_pi = requests_of_a_launch(web_stack, ["pi", "--pi", str(pi_cli), "-p", "Say hello."], environment, project)
+    assert from_pi, "no request of Pi reached the proxy (not the user's default provider)"
+    for record in from_pi:
+        assert record["client_body"]["model"] == state["model"], "Pi was not told the served model's name"
+        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "Pi asks for more than the stack gives"
+        assert record["request"]["headers"]["session_id"], "the provider did not turn on Pi's session header"
+        assert record["response"]["status"] == 200
+    assert {name: (agent_folder / name).read_text() for name in users_own} == users_own
+    extension = launcher.state_path.with_name(f"pi-provider-{launcher.port}.js")
+    assert extension.stat().st_mode & 0o777 == 0o600

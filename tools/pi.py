@@ -28,14 +28,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.tools import npm_package
+from stable_prefix.tools import npm_package, pins
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR
 from stable_prefix.tools.npm_package import AgentUnavailable
 from stable_prefix.tools.scratch_project import ScratchProject
 
-PACKAGE = "@mariozechner/pi-coding-agent"
+PACKAGE = pins.PI.package
 # Pinned: what its system prompt holds (date, working directory) and where changes between releases.
-VERSION = "0.73.1"
+VERSION = pins.PI.version
 DEFAULT_DIR = DEFAULT_CLI_DIR / "pi"
 PROVIDER = "stable-prefix"
 # Any value: the engine checks no key; Pi sends it as `Authorization: Bearer`.
