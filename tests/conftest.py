@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_code, claude_code_router, codex_cli, opencode, pi, qwen_code
+from stable_prefix.tools import claude_agent_sdk, claude_code, claude_code_router, codex_cli, opencode, pi, qwen_code
 from stable_prefix.tools.npm_package import AgentUnavailable
 
 # Servers started by tests keep their KV snapshots in RAM only: no test reads or
@@ -58,3 +58,9 @@ def qwen_cli() -> Path:
 def pi_cli() -> Path:
     """The pinned Pi, in .claude-cli/pi/."""
     return _installed(pi.install, "Pi")
+
+
+@pytest.fixture(scope="session")
+def agent_sdk_entry() -> Path:
+    """The pinned Claude Agent SDK's sdk.mjs, in .claude-cli/agent-sdk/."""
+    return _installed(claude_agent_sdk.install, "Claude Agent SDK")

@@ -164,6 +164,14 @@ def web_stack(tmp_path_factory) -> Iterator[tuple[Launcher, dict]]:
 
 
 @pytest.mark.server
+def test_up_says_how_to_start_every_agent_and_what_a_claude_code_router_3_user_sets(web_stack):
+    launcher, state = web_stack
+    for command in AGENT_COMMANDS:
+        launcher.wait_for(rf"^    stable-prefix {command} --port {launcher.port}$", timeout=5)
+    launcher.wait_for(rf"Providers: type anthropic_messages, base URL {re.escape(launcher.url)}, any API key, model '{state['model']}'", timeout=5)
+    launcher.wait_for(r"CLAUDE_CODE_MAX_OUTPUT_TOKENS=\d+ ccr <profile>", timeout=5)
+
+
 def test_a_request_through_the_stack_gets_a_live_line(web_stack):
     launcher, _ = web_stack
     lines_before = len(launcher.stdout)
