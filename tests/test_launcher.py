@@ -339,7 +339,7 @@ def test_an_agent_without_a_running_stack_says_how_to_start_one(command, tmp_pat
 
 
 # Each agent's command with one of the two help flags (both work for every command: one launcher reads them).
-@pytest.mark.parametrize(("command", "flag"), zip(AGENT_COMMANDS, ["--help", "-h", "--help", "-h", "--help"], strict=True))
+@pytest.mark.parametrize(("command", "flag"), list(zip(AGENT_COMMANDS, ["--help", "-h", "--help", "-h", "--help"], strict=True)))
 def test_an_agents_help_says_what_the_command_does_with_no_stack_running(command, flag, tmp_path):
     result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, flag], capture_output=True, text=True,
                             env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})

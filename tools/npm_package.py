@@ -70,6 +70,12 @@ def install_binary(prefix: Path, package: str, version: str, find: Callable[[Pat
     return binary
 
 
+def bin_link(prefix: Path, name: str) -> Path | None:
+    """npm's `node_modules/.bin/NAME` link under `prefix` (to a node script), or None."""
+    link = prefix / "node_modules" / ".bin" / name
+    return link if link.exists() and os.access(link, os.X_OK) else None
+
+
 def version_words(binary: Path) -> list[str]:
     """The words `binary --version` prints (none when it cannot run), run with no HOME of the user's."""
     try:

@@ -86,8 +86,7 @@ def stack_arguments(extension: Path, model: str) -> list[str]:
 
 def find_cli(cli_dir: Path = DEFAULT_DIR) -> Path | None:
     """npm's `pi` link (to `dist/cli.js`, a node script), or None."""
-    link = cli_dir / "node_modules" / ".bin" / "pi"
-    return link if link.exists() and os.access(link, os.X_OK) else None
+    return npm_package.bin_link(cli_dir, "pi")
 
 
 def install(cli_dir: Path = DEFAULT_DIR, version: str = VERSION) -> Path:

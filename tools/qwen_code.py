@@ -79,8 +79,7 @@ def package_dir(cli_dir: Path = DEFAULT_DIR) -> Path:
 
 def find_cli(cli_dir: Path = DEFAULT_DIR) -> Path | None:
     """npm's `qwen` link (to `cli-entry.js`, a node script), or None."""
-    link = cli_dir / "node_modules" / ".bin" / "qwen"
-    return link if link.exists() and os.access(link, os.X_OK) else None
+    return npm_package.bin_link(cli_dir, "qwen")
 
 
 def install(cli_dir: Path = DEFAULT_DIR, version: str = VERSION) -> Path:
