@@ -35,8 +35,9 @@ CLAUDE_AGENT_SDK = Pin("Claude Agent SDK", "npm", "@anthropic-ai/claude-agent-sd
                        "drives the pinned Claude Code binary (pathToClaudeCodeExecutable)")
 AGENT_PINS = (CLAUDE_CODE, CLAUDE_CODE_ROUTER, OPENCODE, QWEN_CODE, CODEX_CLI, PI, CLAUDE_AGENT_SDK)
 
-# The engine the patch is run against in `make test`. Only these are run: engine_patch/install.py accepts
-# vllm-mlx 0.6.0 alone, pyproject's `engine` extra asks for these.
+# The engine `make test` installs and runs the patch against (the Makefile, requirements.txt and pyproject's
+# `engine` extra install these); which vllm-mlx releases the patch accepts is engine_patch/install.py's
+# TESTED_VERSIONS (0.3.0 and 0.6.0, the ones run).
 VLLM_MLX = Pin("vllm-mlx", "pypi", "vllm-mlx", "0.6.0", "0.6.0 runs the whole suite, 0.3.0 a warm hit (tests/test_install.py)")
 MLX_LM = Pin("mlx-lm", "pypi", "mlx-lm", "0.31.3",
              "0.31.x runs the whole suite; 0.32.2 runs the snapshot/restore core only (tests/test_cache_layers.py)")
