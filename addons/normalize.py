@@ -43,8 +43,8 @@ Rules that keep the prompt prefix stable:
   conversation_context
                    move system-prompt text that changes from one conversation
                    to the next but sits before the tools (opencode's `Today's
-                   date:` line; Qwen Code's git snapshot and memory section)
-                   verbatim into a <system-reminder> in the first user
+                   date:` line; Qwen Code's git snapshot and memory section;
+                   Pi's date and working-directory lines) verbatim into a <system-reminder> in the first user
                    message, after the reminders that message starts with: a
                    new conversation the next day or after a commit then
                    shares system prompt and tools.
@@ -134,7 +134,7 @@ _GIT_STATUS_LINE = re.compile(r"^[ \t]*gitStatus:", re.MULTILINE)
 # Lines of an environment description that differ by repository, machine,
 # model or day (the `environment` cause of a break; no rule removes them).
 _ENVIRONMENT_LINE = re.compile(
-    r"^[ \t]*(?:-[ \t]*)?(?:Today's date\b|The current date is\b|(?:Primary )?working directory\b|Platform:|OS Version:|Shell:"
+    r"^[ \t]*(?:-[ \t]*)?(?:Today's date\b|The current date is\b|Current date:|(?:Primary |Current )?working directory\b|Platform:|OS Version:|Shell:"
     r"|Is (?:a git repository|directory a git repo)\b)"
     r"|\bmodel (?:named|ID)\b|\bpowered by the model\b"
     # Codex's <environment_context> message
@@ -154,14 +154,22 @@ SYSTEM_REMINDER_CLOSE = "\n</system-reminder>"
 # and then its memory section (which grows as memories are saved), and leads
 # its first user message with reminders, one of them the startup context
 # (date, working directory, folder listing) between two that never change.
+# Pi 0.73 ends its system prompt with `Current date: 2026-12-01` and `Current
+# working directory: /path` (the same all day in one project, and different in
+# the next project: with both moved, every project shares system prompt and tools).
 # (what, how volatile: where it goes among the moved pieces, 0 first, pattern).
-# A date line is one line; the others run to the next one that starts or to the
-# end of the text.
+# A date or directory line is one line; the others run to the next one that
+# starts or to the end of the text.
 _DATE_FIELD_LINE = re.compile(r"^[ \t]*Today's date: [^\n]*(?:\n|$)", re.MULTILINE)
+_CURRENT_DATE_LINE = re.compile(r"^Current date: \d{4}-\d{2}-\d{2}[^\n]*(?:\n|$)", re.MULTILINE)
+_WORKING_DIRECTORY_LINE = re.compile(r"^Current working directory: [^\n]*(?:\n|$)", re.MULTILINE)
+ONE_LINE_CONTEXT = (_DATE_FIELD_LINE, _CURRENT_DATE_LINE, _WORKING_DIRECTORY_LINE)
 SYSTEM_CONTEXT_OPENINGS = (
     ("date line", 1, _DATE_FIELD_LINE),
     ("git snapshot", 2, re.compile(r"^Git snapshot at conversation start\b", re.MULTILINE)),
     ("memory section", 0, re.compile(r"^# auto memory$", re.MULTILINE)),
+    ("working directory", 0, _WORKING_DIRECTORY_LINE),
+    ("current date", 1, _CURRENT_DATE_LINE),
 )
 # A reminder block of the first user message that is conversation context.
 STARTUP_CONTEXT = ("startup context", 1, re.compile(r"<system-reminder>\s*This is the Qwen Code\. We are setting up the context\b"))
@@ -293,13 +301,18 @@ def git_status_start(text: str) -> int | None:
 def conversation_context_spans(text: str) -> list[tuple[int, int, str]]:
     """Where a system text holds conversation context (`SYSTEM_CONTEXT_OPENINGS`):
     (start, end, what) character spans, in order, each ending after its line break."""
-    starts = sorted((match.start(), match.end(), what, pattern is _DATE_FIELD_LINE)
+    starts = sorted((match.start(), match.end(), what, pattern in ONE_LINE_CONTEXT)
                     for what, _, pattern in SYSTEM_CONTEXT_OPENINGS for match in pattern.finditer(text))
     spans = []
     for index, (start, line_end, what, one_line) in enumerate(starts):
         end = line_end if one_line else (starts[index + 1][0] if index + 1 < len(starts) else len(text))
         spans.append((start, end, what))
     return spans
+
+
+def without_conversation_context(text: str) -> str:
+    """A system text as `relocate_conversation_context` leaves it."""
+    return _without_spans(text, conversation_context_spans(text))
 
 
 def _context_rank(what: str) -> int:
@@ -640,10 +653,11 @@ def relocate_conversation_context(body: dict, api: Api) -> list[Change]:
     """Move conversation context into <system-reminder> text blocks of the first
     user message, after the other reminders it starts with: from the system
     prompt verbatim (`conversation_context_spans`: opencode's date line, Qwen
-    Code's git snapshot and memory section), and from the first message itself
-    (Qwen Code's startup context), the least volatile first.
+    Code's git snapshot and memory section, Pi's date and working directory),
+    and from the first message itself (Qwen Code's startup context), the least
+    volatile first.
 
-    Each changes between conversations (a day, a commit, a saved memory) and
+    Each changes between conversations (a day, a commit, a saved memory, a project) and
     sat before the tools or before reminders that never change, so a new
     conversation re-read all of those; where it lands, system prompt, tools and
     the agent's fixed reminders stay shared."""
@@ -1019,6 +1033,6 @@ def rule_for_line(line: str) -> str | None:
         return BILLING_HEADER
     if is_date_line(line):
         return DATE_LINE
-    if _DATE_FIELD_LINE.match(line):
+    if any(pattern.match(line) for pattern in ONE_LINE_CONTEXT):
         return CONVERSATION_CONTEXT
     return None

@@ -18,6 +18,6 @@ USAGE = "usage: stable-prefix claude [--port N] [--claude PATH] [claude argument
 
 
 def main(argv: list[str]) -> int:
-    return launch("claude", argv, "--claude", USAGE, user_binary,
+    return launch("claude", argv, "--claude", USAGE, user_binary, __doc__,
                   environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"]),
                   removed=CREDENTIAL_VARIABLES)

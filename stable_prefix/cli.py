@@ -45,6 +45,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "opencode": ("opencode against the running stack: opencode [--port 8080] [opencode arguments]", _main_of("opencode")),
     "qwen": ("Qwen Code against the running stack: qwen [--port 8080] [qwen arguments]", _main_of("qwen")),
     "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _main_of("codex")),
+    "pi": ("Pi against the running stack: pi [--port 8080] [pi arguments]", _main_of("pi")),
+    "doctor": ("every pinned client against its registry's newest, and the engine against the tested versions", _main_of("doctor")),
     "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
               _engine_patch("serve")),
     "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),

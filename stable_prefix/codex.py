@@ -27,4 +27,5 @@ def stack_options(state: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    return launch("codex", argv, "--codex", USAGE, user_binary, arguments_for=stack_options)
+    return launch("codex", argv, "--codex", USAGE, user_binary, __doc__,
+                  arguments_for=lambda state, port: stack_options(state))

@@ -1,8 +1,8 @@
-"""What `stable-prefix claude|opencode|qwen|codex` share: our flags first, the running stack's state,
+"""What `stable-prefix claude|opencode|qwen|codex|pi` share: our flags first, the running stack's state,
 and replacing this process with the agent, pointed at the stack by its environment or its arguments.
 
 Each agent's own part (which binary, which variables or options) is in its
-launcher module (`claude.py`, `opencode.py`, `qwen.py`, `codex.py`) and its
+launcher module (`claude.py`, `opencode.py`, `qwen.py`, `codex.py`, `pi.py`) and its
 `tools/` module.
 """
 
@@ -53,12 +53,29 @@ def stack_state(port: int) -> dict:
     return state
 
 
-def launch(command: str, argv: list[str], binary_flag: str, usage: str, find_binary: Callable[[str | None], Path], *,
-           environment_for: Callable[[dict, int], dict[str, str]] | None = None,
-           arguments_for: Callable[[dict], list[str]] | None = None, removed: tuple[str, ...] = ()) -> int:
+HELP_FLAGS = ("-h", "--help")
+
+
+def help_text(command: str, usage: str, description: str) -> str:
+    """What `stable-prefix COMMAND --help` prints: the usage, what the command does (its module's
+    docstring, past the first line, which repeats the usage) and where the agent's own help is."""
+    what_it_does = description.split("\n", 1)[1].strip() if "\n" in description else description.strip()
+    return (f"{usage}\n\n{what_it_does}\n\n"
+            f"Our options come first: --port N (the stack `stable-prefix up` started on that port; default {DEFAULT_PORT}) "
+            f"and the agent's binary; every argument from the first other one on is the agent's "
+            f"(`stable-prefix {command} --port {DEFAULT_PORT} --help` shows the agent's own help, through the stack).")
+
+
+def launch(command: str, argv: list[str], binary_flag: str, usage: str, find_binary: Callable[[str | None], Path],
+           description: str, *, environment_for: Callable[[dict, int], dict[str, str]] | None = None,
+           arguments_for: Callable[[dict, int], list[str]] | None = None, removed: tuple[str, ...] = ()) -> int:
     """Replace this process with the agent: `find_binary(explicit)` names it; `environment_for(state, port)`
-    gives the variables that point it at the stack, `arguments_for(state)` the options that go before the
-    user's own (both: the stack's state file); `removed` leave the user's environment first."""
+    gives the variables that point it at the stack, `arguments_for(state, port)` the options that go before
+    the user's own (both: the stack's state file); `removed` leave the user's environment first. A first
+    argument `-h`/`--help` prints `help_text` (`description`: the launcher module's docstring), stack or not."""
+    if argv[:1] and argv[0] in HELP_FLAGS:
+        print(help_text(command, usage, description))
+        return 0
     try:
         port, explicit_binary, agent_arguments = split_arguments(argv, binary_flag, usage)
         state = stack_state(port)
@@ -68,7 +85,7 @@ def launch(command: str, argv: list[str], binary_flag: str, usage: str, find_bin
         return 2
     environment = {name: value for name, value in os.environ.items() if name not in removed}
     environment.update(environment_for(state, port) if environment_for else {})
-    stack_arguments = arguments_for(state) if arguments_for else []
+    stack_arguments = arguments_for(state, port) if arguments_for else []
     sys.stdout.flush()
     os.execve(binary, [str(binary), *stack_arguments, *agent_arguments], environment)
     return 0  # not reached: exec replaced this process

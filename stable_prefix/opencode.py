@@ -19,5 +19,5 @@ USAGE = "usage: stable-prefix opencode [--port N] [--opencode PATH] [opencode ar
 
 
 def main(argv: list[str]) -> int:
-    return launch("opencode", argv, "--opencode", USAGE, user_binary,
+    return launch("opencode", argv, "--opencode", USAGE, user_binary, __doc__,
                   environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"]))

@@ -30,4 +30,4 @@ def environment_for(state: dict, port: int) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    return launch("qwen", argv, "--qwen", USAGE, user_binary, environment_for=environment_for)
+    return launch("qwen", argv, "--qwen", USAGE, user_binary, __doc__, environment_for=environment_for)

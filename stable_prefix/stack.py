@@ -210,12 +210,22 @@ def client_instructions(options: StackOptions, proxy_url: str) -> str:
         f"    stable-prefix claude{port_flag}\n"
         f"or in any shell (unset ANTHROPIC_API_KEY first, if you have one set):\n"
         f"    {exports} \\\n    claude\n\n"
-        f"opencode, Qwen Code or Codex CLI (the Responses API) instead:\n"
-        f"    stable-prefix opencode{port_flag}\n    stable-prefix qwen{port_flag}\n    stable-prefix codex{port_flag}\n\n"
-        f"claude-code-router instead: ~/.claude-code-router/config.json, then "
+        f"opencode, Qwen Code, Codex CLI (the Responses API) or Pi instead:\n"
+        f"    stable-prefix opencode{port_flag}\n    stable-prefix qwen{port_flag}\n    stable-prefix codex{port_flag}\n"
+        f"    stable-prefix pi{port_flag}\n\n"
+        f"claude-code-router 2.0.0 instead: ~/.claude-code-router/config.json, then "
         f"`CLAUDE_CODE_MAX_OUTPUT_TOKENS={options.max_tokens} ccr code`:\n"
         + "\n".join("    " + line for line in config.splitlines())
+        + "\n\n" + router_3_instructions(proxy_url, options.model_name, options.max_tokens)
     )
+
+
+def router_3_instructions(proxy_url: str, model: str, max_tokens: int) -> str:
+    """What a claude-code-router 3.x user sets in its web UI (docs/launcher.md: read from 3.1.1's package, not run here)."""
+    return (f"claude-code-router 3.x (configured in its web UI, `ccr ui`, http://127.0.0.1:3458; not run by our tests):\n"
+            f"    Providers: type anthropic_messages, base URL {proxy_url}, any API key, model {model!r}; route the default to it\n"
+            f"    API Keys: create a CCR client key; Agent Profiles: one for Claude Code\n"
+            f"    then `CLAUDE_CODE_MAX_OUTPUT_TOKENS={max_tokens} ccr <profile>` (its gateway is http://127.0.0.1:3456)")
 
 
 def print_ready(options: StackOptions, engine: Server, proxy: Server, session_dir: Path, web: str | None) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_code, claude_code_router, codex_cli, opencode, qwen_code
+from stable_prefix.tools import claude_agent_sdk, claude_code, claude_code_router, codex_cli, opencode, pi, qwen_code
 from stable_prefix.tools.npm_package import AgentUnavailable
 
 # Servers started by tests keep their KV snapshots in RAM only: no test reads or
@@ -52,3 +52,15 @@ def opencode_binary() -> Path:
 def qwen_cli() -> Path:
     """The pinned Qwen Code, in .claude-cli/qwen-code/."""
     return _installed(qwen_code.install, "Qwen Code")
+
+
+@pytest.fixture(scope="session")
+def pi_cli() -> Path:
+    """The pinned Pi, in .claude-cli/pi/."""
+    return _installed(pi.install, "Pi")
+
+
+@pytest.fixture(scope="session")
+def agent_sdk_entry() -> Path:
+    """The pinned Claude Agent SDK's sdk.mjs, in .claude-cli/agent-sdk/."""
+    return _installed(claude_agent_sdk.install, "Claude Agent SDK")

@@ -1,4 +1,4 @@
-"""Which conversation and which subagent an opencode, Qwen Code or Codex request belongs to, and the causes
+"""Which conversation and which subagent an opencode, Qwen Code, Codex or Pi request belongs to, and the causes
 the diagnosis names for their breaks (`lanes.AGENTS`; bodies from `tests/fixtures/coding_agents.py`)."""
 
 import copy
@@ -9,13 +9,15 @@ from fixtures.coding_agents import (
     opencode_headers,
     opencode_request,
     opencode_subagent_request,
+    pi_headers,
+    pi_request,
     qwen_request,
     qwen_subagent_request,
 )
 
 from stable_prefix.addons import normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.lanes import CLAUDE_CODE, CODEX, OPENCODE, QWEN_CODE, LaneNames, agent_of, lane_signature, session_of
+from stable_prefix.addons.lanes import CLAUDE_CODE, CODEX, OPENCODE, PI, QWEN_CODE, LaneNames, agent_of, lane_signature, session_of
 from stable_prefix.addons.normalize import Rules
 
 
@@ -42,6 +44,7 @@ def test_each_agent_is_told_apart_by_its_user_agent_and_any_other_client_is_read
     assert agent_of(opencode_headers("ses_1")) is OPENCODE
     assert agent_of(QWEN_HEADERS) is QWEN_CODE
     assert agent_of(codex.Conversation("Hi.").headers()) is CODEX
+    assert agent_of(pi_headers("01a23341")) is PI
     assert agent_of({"user-agent": "claude-cli/2.1.332 (external, cli)"}) is CLAUDE_CODE
     assert agent_of({}) is CLAUDE_CODE and agent_of(None) is CLAUDE_CODE
 
@@ -52,6 +55,11 @@ def test_each_agent_names_its_conversation_in_its_own_header():
     conversation = codex.Conversation("Hi.")
     assert session_of(conversation.headers()) == conversation.session
     assert session_of(QWEN_HEADERS) is None
+    assert session_of(pi_headers("01a23341")) == "01a23341"
+
+
+def test_another_client_of_the_openai_js_sdk_is_not_read_as_pi():
+    assert agent_of({"user-agent": "OpenAI/JS 6.26.0"}) is CLAUDE_CODE
 
 
 # --- lanes ---------------------------------------------------------------------------------------
@@ -149,3 +157,25 @@ def test_claude_codes_instances_keep_their_agent_id_prefix_as_name():
     body = claude_code.modern_subagent_request("explore", 1, task="Find the tests.")
     signature = lane_signature(body, "anthropic", claude_code.agent_headers(agent_id="a5f1c0ffee1234"))
     assert signature.instance == "a5f1c0ff"
+
+
+def test_a_new_pi_session_is_a_new_conversation_that_parts_at_its_first_prompt():
+    session = Session()
+    session.send(pi_request(["Hi.", "Go on."]), pi_headers("s-1"))
+    result = session.send(pi_request(["Other work."]), pi_headers("s-2"))
+    assert result.cause == "new conversation" and result.comparison.first_divergence.path.startswith("messages[1]")
+
+
+def test_a_pi_conversation_continued_the_next_day_breaks_at_its_first_message_for_the_date():
+    session = Session()
+    session.send(pi_request(["Hi."]), pi_headers("s-1"))
+    result = session.send(pi_request(["Hi.", "Go on."], date="2026-12-02"), pi_headers("s-1"))
+    assert result.comparison.first_divergence.path.startswith("messages[1]") and result.cause == "environment"
+
+
+def test_with_relocate_conversation_context_off_pis_working_directory_names_its_option():
+    session = Session(Rules(relocate_conversation_context=False))
+    session.send(pi_request(["Hi."]), pi_headers("s-1"))
+    result = session.send(pi_request(["Hi.", "Go on."], date="2026-12-02"), pi_headers("s-1"))
+    assert result.comparison.first_divergence.path == "messages[0].content"
+    assert result.cause == "conversation context; relocate_conversation_context off"

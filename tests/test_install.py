@@ -32,7 +32,12 @@ def test_an_unrecognised_release_is_left_unpatched_and_the_reason_logged(monkeyp
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
         assert install(budget_bytes=2**20) is None
     assert mlx_lm.stream_generate is before
-    assert "vllm-mlx left unpatched: version 9.1.0 is outside the recognised range" in caplog.text
+    assert "vllm-mlx left unpatched: version 9.1.0 is not one the patch is tested with (0.3.0, 0.6.0)" in caplog.text
+
+
+def test_a_release_between_the_tested_ones_is_left_unpatched_too(monkeypatch):
+    monkeypatch.setattr(vllm_mlx, "__version__", "0.5.0")
+    assert "0.5.0 is not one the patch is tested with" in why_unsupported(vllm_mlx)
 
 
 def test_a_release_whose_text_path_no_longer_ends_in_mlx_lm_is_not_recognised(monkeypatch):

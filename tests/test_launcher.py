@@ -1,4 +1,4 @@
-"""`stable-prefix up`, and `stable-prefix claude|opencode|qwen` against it, run as a user runs them: real processes, real signals.
+"""`stable-prefix up`, and `stable-prefix claude|opencode|qwen|codex|pi` against it, run as a user runs them: real processes, real signals.
 
 The launcher is started as a subprocess with the test's tiny model; the tests
 read what it prints, send requests through it, and check which processes are
@@ -164,6 +164,14 @@ def web_stack(tmp_path_factory) -> Iterator[tuple[Launcher, dict]]:
 
 
 @pytest.mark.server
+def test_up_says_how_to_start_every_agent_and_what_a_claude_code_router_3_user_sets(web_stack):
+    launcher, state = web_stack
+    for command in AGENT_COMMANDS:
+        launcher.wait_for(rf"^    stable-prefix {command} --port {launcher.port}$", timeout=5)
+    launcher.wait_for(rf"Providers: type anthropic_messages, base URL {re.escape(launcher.url)}, any API key, model '{state['model']}'", timeout=5)
+    launcher.wait_for(r"CLAUDE_CODE_MAX_OUTPUT_TOKENS=\d+ ccr <profile>", timeout=5)
+
+
 def test_a_request_through_the_stack_gets_a_live_line(web_stack):
     launcher, _ = web_stack
     lines_before = len(launcher.stdout)
@@ -318,13 +326,27 @@ def test_a_live_line_reads_openai_usage_and_names_a_failed_request():
 # --- stable-prefix claude (and every agent's command without a stack) ------------------------------------
 
 
-@pytest.mark.parametrize("command", ["claude", "opencode", "qwen", "codex"])
+AGENT_COMMANDS = ["claude", "opencode", "qwen", "codex", "pi"]
+
+
+@pytest.mark.parametrize("command", AGENT_COMMANDS)
 def test_an_agent_without_a_running_stack_says_how_to_start_one(command, tmp_path):
     result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, "--port", "18123", "hi"], capture_output=True,
                             text=True, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
     assert result.returncode == 2
     assert f"stable-prefix {command}: no stack is running on port 18123" in result.stderr
     assert "stable-prefix up MODEL --port 18123" in result.stderr
+
+
+# Each agent's command with one of the two help flags (both work for every command: one launcher reads them).
+@pytest.mark.parametrize(("command", "flag"), list(zip(AGENT_COMMANDS, ["--help", "-h", "--help", "-h", "--help"], strict=True)))
+def test_an_agents_help_says_what_the_command_does_with_no_stack_running(command, flag, tmp_path):
+    result = subprocess.run([str(VENV_BIN / "stable-prefix"), command, flag], capture_output=True, text=True,
+                            env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: stable-prefix {command} [--port N]")
+    assert "Reads where the stack is from the state file `stable-prefix up` writes" in result.stdout
+    assert "no stack is running" not in result.stdout + result.stderr
 
 
 def user_config(root: Path) -> dict[str, str]:
@@ -456,3 +478,29 @@ def test_qwen_runs_against_the_stack_with_the_served_model_and_its_settings_writ
     settings = launcher.state_path.with_name(f"qwen-settings-{launcher.port}.json")
     assert json.loads(settings.read_text())["privacy"] == {"usageStatisticsEnabled": False}
     assert settings.stat().st_mode & 0o777 == 0o600, "Qwen Code rewrote the settings (an older format version?)"
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_pi_runs_against_the_stack_with_the_served_model_and_leaves_the_users_pi_folder_as_it_was(web_stack, pi_cli, tmp_path):
+    launcher, state = web_stack
+    home, project = tmp_path / "home", tmp_path / "project"
+    agent_folder = home / ".pi" / "agent"
+    agent_folder.mkdir(parents=True)
+    project.mkdir()
+    users_own = {"models.json": json.dumps({"providers": {"my-cloud": {"baseUrl": "https://api.example.invalid/v1", "api": "openai-completions",
+                                                                      "apiKey": "MY_KEY", "models": [{"id": "big-model"}]}}}),
+                 "settings.json": json.dumps({"defaultProvider": "my-cloud", "defaultModel": "big-model"})}
+    for name, text in users_own.items():
+        (agent_folder / name).write_text(text)
+    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home)}
+    from_pi = requests_of_a_launch(web_stack, ["pi", "--pi", str(pi_cli), "-p", "Say hello."], environment, project)
+    assert from_pi, "no request of Pi reached the proxy (not the user's default provider)"
+    for record in from_pi:
+        assert record["client_body"]["model"] == state["model"], "Pi was not told the served model's name"
+        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "Pi asks for more than the stack gives"
+        assert record["request"]["headers"]["session_id"], "the provider did not turn on Pi's session header"
+        assert record["response"]["status"] == 200
+    assert {name: (agent_folder / name).read_text() for name in users_own} == users_own
+    extension = launcher.state_path.with_name(f"pi-provider-{launcher.port}.js")
+    assert extension.stat().st_mode & 0o777 == 0o600

@@ -1,11 +1,11 @@
-"""The rules for opencode's and Qwen Code's volatile parts, on bodies we wrote in their shapes
+"""The rules for opencode's, Qwen Code's and Pi's volatile parts, on bodies we wrote in their shapes
 (`tests/fixtures/coding_agents.py`): conversation context and turn reminders go to the first user
 message, every later turn's prompt extends the last one, and nothing else moves."""
 
 import copy
 
 from fixtures import claude_code, coding_agents
-from fixtures.coding_agents import opencode_request, qwen_request
+from fixtures.coding_agents import WORKDIR, opencode_request, pi_request, qwen_request
 
 from stable_prefix.addons import normalize
 from stable_prefix.addons.normalize import Rules
@@ -140,3 +140,27 @@ def test_each_change_names_its_rule_and_what_moved():
         "conversation_context messages[1]: conversation context put after its leading reminders, in a <system-reminder>",
         "turn_reminders messages[3]: current date reminder moved to messages[1], after its leading reminders",
     ]
+
+
+# --- Pi ------------------------------------------------------------------------------------------
+
+
+def test_pis_date_and_working_directory_lines_move_verbatim_into_the_first_user_message_directory_first():
+    body = forwarded(pi_request(["Read the README."]))
+    assert "Current date" not in body["messages"][0]["content"] and "Current working directory" not in body["messages"][0]["content"]
+    assert body["messages"][0]["content"].endswith("- Show file paths clearly.\n"), "the rest of the system prompt stays"
+    assert texts(body["messages"][1]) == [f"<system-reminder>\nCurrent working directory: {WORKDIR}\n</system-reminder>",
+                                          "<system-reminder>\nCurrent date: 2026-12-01\n</system-reminder>", "Read the README."]
+
+
+def test_a_pi_conversation_the_next_day_or_in_another_project_shares_system_prompt_and_tools():
+    today = pi_request(["Read the README."])
+    for later in (pi_request(["Read the README.", "Go on."], date="2026-12-02"), pi_request(["Read the README."], workdir="/home/dev/other")):
+        assert first_break(today, later, WITHOUT_THEM) == "messages[0].content", "as sent, the line breaks the system prompt, before the tools"
+        assert first_break(today, later).startswith("messages[1]")
+
+
+def test_every_pi_turn_extends_the_last_one():
+    turns = [pi_request(["Read the README.", "Go on.", "Thanks."][:n]) for n in (1, 2, 3)]
+    for before, after in zip(turns, turns[1:]):
+        assert first_break(before, after) is None

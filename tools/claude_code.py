@@ -32,14 +32,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.tools import npm_package
+from stable_prefix.tools import npm_package, pins
 from stable_prefix.tools.npm_package import AgentUnavailable
 from stable_prefix.tools.scratch_project import ScratchProject
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CLI_PACKAGE = "@anthropic-ai/claude-code"
+CLI_PACKAGE = pins.CLAUDE_CODE.package
 # Pinned: the request shapes (tools, system blocks, side requests) change between releases.
-CLI_VERSION = "2.1.332"
+CLI_VERSION = pins.CLAUDE_CODE.version
 DEFAULT_CLI_DIR = REPO_ROOT / ".claude-cli"
 # Any key works offline; Claude Code remembers approval by the key's last 20 characters.
 DUMMY_API_KEY = "sk-ant-api03-offline-e2e-0000000000000000000000000000"

@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stable_prefix.tools import npm_package
+from stable_prefix.tools import npm_package, pins
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, REQUEST_TIMEOUT_MS, ClaudeCodeUnavailable
 
-ROUTER_PACKAGE = "@musistudio/claude-code-router"
-ROUTER_VERSION = "2.0.0"
+ROUTER_PACKAGE = pins.CLAUDE_CODE_ROUTER.package
+ROUTER_VERSION = pins.CLAUDE_CODE_ROUTER.version  # 3.x: see pins.py
 DEFAULT_ROUTER_DIR = DEFAULT_CLI_DIR / "router"
 PROVIDER_NAME = "stable-prefix"
 DEFAULT_ROUTER_PORT = 3456

@@ -32,15 +32,15 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.tools import npm_package
+from stable_prefix.tools import npm_package, pins
 from stable_prefix.tools.claude_code import REQUEST_TIMEOUT_MS, is_native_executable
 from stable_prefix.tools.npm_package import AgentUnavailable
 from stable_prefix.tools.scratch_project import ScratchProject
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CLI_PACKAGE = "@openai/codex"
+CLI_PACKAGE = pins.CODEX_CLI.package
 # Pinned: the request shapes (developer messages, tools, item ids) change between releases.
-CLI_VERSION = "0.171.0"
+CLI_VERSION = pins.CODEX_CLI.version
 DEFAULT_CLI_DIR = REPO_ROOT / ".codex-cli"
 PROVIDER_ID = "stable-prefix"
 # npm's platform packages, by (system, machine).

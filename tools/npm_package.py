@@ -2,7 +2,8 @@
 
 One `npm install --no-save` per prefix (a second package installed into the
 same prefix would prune the first). Each agent's installer (`claude_code.py`,
-`claude_code_router.py`, `codex_cli.py`, `opencode.py`, `qwen_code.py`) says
+`claude_code_router.py`, `codex_cli.py`, `opencode.py`, `qwen_code.py`, `pi.py`,
+`claude_agent_sdk.py`) says
 which package and version, where its binary lies in the installed tree and how
 that binary reports its version; this module runs npm when the pinned version
 is not there yet, asks a binary its version, finds the binary to launch for a
@@ -36,9 +37,10 @@ def installed_version(prefix: Path, package: str) -> str | None:
         return None
 
 
-def install_package(prefix: Path, package: str, version: str, unavailable: type[AgentUnavailable] = AgentUnavailable) -> None:
+def install_package(prefix: Path, package: str, version: str, unavailable: type[AgentUnavailable] = AgentUnavailable,
+                    npm_options: tuple[str, ...] = ()) -> None:
     """`npm install PACKAGE@VERSION` into `prefix` unless that version is there; `unavailable`
-    is raised, with npm's own words, when it cannot be."""
+    is raised, with npm's own words, when it cannot be; `npm_options` go to npm too."""
     if installed_version(prefix, package) == version:
         return
     npm = shutil.which("npm")
@@ -46,7 +48,7 @@ def install_package(prefix: Path, package: str, version: str, unavailable: type[
         raise unavailable(f"npm not found on PATH, so {package} {version} cannot be installed into {prefix}. "
                           "Install Node.js with npm (https://nodejs.org).")
     prefix.mkdir(parents=True, exist_ok=True)
-    command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save", "--loglevel=error", f"{package}@{version}"]
+    command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save", "--loglevel=error", *npm_options, f"{package}@{version}"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     if completed.returncode != 0:
         raise unavailable(f"`{' '.join(command)}` failed with exit code {completed.returncode}:\n{completed.stderr[-3000:]}")
@@ -56,16 +58,22 @@ def install_package(prefix: Path, package: str, version: str, unavailable: type[
 
 def install_binary(prefix: Path, package: str, version: str, find: Callable[[Path], Path | None], what: str,
                    unavailable: type[AgentUnavailable] = AgentUnavailable,
-                   reported_version: Callable[[Path], str | None] | None = None) -> Path:
+                   reported_version: Callable[[Path], str | None] | None = None, npm_options: tuple[str, ...] = ()) -> Path:
     """`install_package`, then the binary `find(prefix)` names in the installed tree (`what` it is,
     for the error when it is not there); with `reported_version`, the binary must say it is `version`."""
-    install_package(prefix, package, version, unavailable)
+    install_package(prefix, package, version, unavailable, npm_options)
     binary = find(prefix)
     if binary is None:
         raise unavailable(f"npm installed {package}@{version} into {prefix}, but {what} is not in it")
     if reported_version is not None and (found := reported_version(binary)) != version:
         raise unavailable(f"{binary} reports version {found!r}, expected {version}")
     return binary
+
+
+def bin_link(prefix: Path, name: str) -> Path | None:
+    """npm's `node_modules/.bin/NAME` link under `prefix` (to a node script), or None."""
+    link = prefix / "node_modules" / ".bin" / name
+    return link if link.exists() and os.access(link, os.X_OK) else None
 
 
 def version_words(binary: Path) -> list[str]:

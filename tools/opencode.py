@@ -25,13 +25,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.tools import npm_package
+from stable_prefix.tools import npm_package, pins
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR, is_native_executable
 from stable_prefix.tools.scratch_project import ScratchProject
 
-PACKAGE = "opencode-ai"
+PACKAGE = pins.OPENCODE.package
 # Pinned: where its date line and reminders sit changes between releases (docs/agents.md).
-VERSION = "1.18.33"
+VERSION = pins.OPENCODE.version
 DEFAULT_DIR = DEFAULT_CLI_DIR / "opencode"
 PROVIDER = "stable-prefix"
 # Any value: the engine checks no key; opencode sends it as `Authorization: Bearer`.

@@ -28,14 +28,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.tools import npm_package
+from stable_prefix.tools import npm_package, pins
 from stable_prefix.tools.claude_code import DEFAULT_CLI_DIR
 from stable_prefix.tools.npm_package import AgentUnavailable
 from stable_prefix.tools.scratch_project import ScratchProject
 
-PACKAGE = "@qwen-code/qwen-code"
+PACKAGE = pins.QWEN_CODE.package
 # Pinned: its prompt layout (git snapshot, memory section, date reminder) changes between releases.
-VERSION = "0.24.4"
+VERSION = pins.QWEN_CODE.version
 DEFAULT_DIR = DEFAULT_CLI_DIR / "qwen-code"
 API_KEY = "local-model"
 # The ripgrep it ships comes without its executable bit; without it Qwen Code says so and greps in JavaScript.
@@ -79,8 +79,7 @@ def package_dir(cli_dir: Path = DEFAULT_DIR) -> Path:
 
 def find_cli(cli_dir: Path = DEFAULT_DIR) -> Path | None:
     """npm's `qwen` link (to `cli-entry.js`, a node script), or None."""
-    link = cli_dir / "node_modules" / ".bin" / "qwen"
-    return link if link.exists() and os.access(link, os.X_OK) else None
+    return npm_package.bin_link(cli_dir, "qwen")
 
 
 def install(cli_dir: Path = DEFAULT_DIR, version: str = VERSION) -> Path:

@@ -1,5 +1,5 @@
-"""An OpenAI-protocol agent (opencode, Qwen Code) in the stack, and what its conversation looked like
-at both ends of our proxy, for its end-to-end test.
+"""An agent (opencode, Qwen Code, Pi; the Agent SDK's Claude Code on the Anthropic path) in the stack,
+and what its conversation looked like at both ends of our proxy, for its end-to-end test.
 
 One stack (`agent_stack.py`: engine, door, proxy) serves a whole test module
 (`AgentUnderTest.stack_fixture`): its engine starts once, and what a test's first request shares with
@@ -12,7 +12,8 @@ starts with the test.
 Each request the agent sent is a `Turn`: its capture record (`addons/capture.py`: the body as the
 agent sent it and as forwarded, the lane and the diagnosis) matched to what the engine's door recorded
 (`tests/support/upstream_recorder.py`: the body as it arrived, the engine's usage). The engine's usage
-is the measure of reuse: `prompt_tokens_details.cached_tokens` of `prompt_tokens`.
+is the measure of reuse: `prompt_tokens_details.cached_tokens` of `prompt_tokens` (on the Anthropic
+path `cache_read_input_tokens` of the prompt).
 """
 
 from __future__ import annotations
@@ -106,10 +107,18 @@ def collect_turns(stack: Stack) -> list[Turn]:
         record = next((r for r in unmatched if r["request"] == capture["forwarded_body"]), None)
         assert record is not None, f"capture {capture['seq']} ({capture['lane']}): what was forwarded is not what the engine received"
         unmatched.remove(record)
-        usage = record["usage"]
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        turns.append(Turn(number, capture["lane"], usage.get("prompt_tokens", 0), cached, record, capture))
+        turns.append(Turn(number, capture["lane"], *prompt_and_reused_tokens(record["usage"]), record, capture))
     return turns
+
+
+def prompt_and_reused_tokens(usage: dict) -> tuple[int, int]:
+    """(prompt tokens, of them reused) from the engine's usage: OpenAI's `prompt_tokens` and
+    `prompt_tokens_details.cached_tokens`, or Anthropic's `input_tokens` (the part not read
+    from the cache) and `cache_read_input_tokens`."""
+    if "prompt_tokens" in usage:
+        return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    reused = usage.get("cache_read_input_tokens", 0)
+    return usage.get("input_tokens", 0) + reused, reused
 
 
 def lane_turns(turns: list[Turn], lane: str) -> list[Turn]:

@@ -65,9 +65,10 @@ WORDS = [
     "mentions x-anthropic-billing-header: in passing", "💥", "日本語のテキスト", "naïve café", "tab\there", "{\"json\": [1, 2]}",
     f"cut {LONE_SURROGATE} emoji", "\udc00 low half", "\x00nul", "\x1b[31mred\x1b[0m", "\u2028line separator", "\x85next line",
 ]
-# Lines that open opencode's and Qwen Code's conversation context (normalize.SYSTEM_CONTEXT_OPENINGS): in a
+# Lines that open opencode's, Qwen Code's and Pi's conversation context (normalize.SYSTEM_CONTEXT_OPENINGS): in a
 # system prompt the rule moves them, and what follows up to the next one, into the first user message.
-CONTEXT_LINES = ["Today's date: Tue Dec 01 2026", "Git snapshot at conversation start (it may be stale):", "# auto memory"]
+CONTEXT_LINES = ["Today's date: Tue Dec 01 2026", "Git snapshot at conversation start (it may be stale):", "# auto memory",
+                 "Current date: 2026-12-01", "Current working directory: /home/dev/project"]
 # The reminders an agent puts on a user message that the rules move (normalize.TURN_REMINDER_OPENINGS,
 # STARTUP_CONTEXT), as whole text parts; the words after each opening are ours.
 AGENT_REMINDER_OPENINGS = [
