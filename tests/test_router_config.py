@@ -117,3 +117,8 @@ def test_a_missing_install_names_the_make_target(monkeypatch, tmp_path):
     monkeypatch.setattr(routers, "SMG_VENV", tmp_path / "nowhere")
     with pytest.raises(routers.RouterNotInstalled, match="make routers"):
         routers.router_binary("smg")
+
+
+def test_the_rust_routers_metrics_go_to_the_port_asked_for():
+    for kind in ("smg", "vllm-router"):
+        assert argv_after(router_config(kind, REPLICAS, port=30000, metrics_port=30001), "--prometheus-port") == ["30001"]

@@ -134,12 +134,13 @@ def check_replicas(replica_urls: Sequence[str]) -> list[tuple[str, int]]:
 
 
 def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: str = "key", key_header: str | None = None,
-                  health_interval_s: float = 1.0, host: str = LOOPBACK) -> RouterConfig:
+                  health_interval_s: float = 1.0, host: str = LOOPBACK, metrics_port: int | None = None) -> RouterConfig:
     """The command line (and config file) that runs `kind` on `host:port` before `replica_urls`.
 
     `key_header`: the header holding our key (default: the one the router reads unless told,
     `DEFAULT_KEY_HEADER`); a comma-separated list is the proxy's option form, and the router reads
-    the first name. Pure: nothing is checked on disk, nothing started."""
+    the first name. `metrics_port`: the Rust routers' Prometheus port (default theirs, 29000: a second
+    router on the machine needs another). Pure: nothing is checked on disk, nothing started."""
     check_kind(kind)
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: not one of {', '.join(POLICIES)}")
@@ -152,10 +153,13 @@ def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: 
         raise ValueError("haproxy has no prompt-text policy: use policy key or round_robin, or smg / vllm-router for prefix")
     used_header = header if policy == "key" else None
     binary = str(expected_binary(kind))
+    metrics = ["--prometheus-host", host, "--prometheus-port", str(metrics_port)] if metrics_port else []
     if kind == "smg":
-        return RouterConfig(kind, tuple(smg_argv(binary, replica_urls, host, port, policy, header, health_interval_s)), port, used_header)
+        argv = smg_argv(binary, replica_urls, host, port, policy, header, health_interval_s)
+        return RouterConfig(kind, (*argv, *metrics), port, used_header)
     if kind == "vllm-router":
-        return RouterConfig(kind, tuple(vllm_router_argv(binary, replica_urls, host, port, policy, health_interval_s)), port, used_header)
+        argv = vllm_router_argv(binary, replica_urls, host, port, policy, health_interval_s)
+        return RouterConfig(kind, (*argv, *metrics), port, used_header)
     text = haproxy_config(places, host, port, policy, header, health_interval_s)
     return RouterConfig(kind, (binary, "-db", "-f", HAPROXY_CONFIG_NAME), port, used_header, text)
 
@@ -232,13 +236,17 @@ backend replicas
 
 @contextlib.contextmanager
 def running_router(kind: str, replica_urls: Sequence[str], *, policy: str = "key", key_header: str | None = None, log_dir: Path,
-                   health_interval_s: float = 1.0, port: int | None = None) -> Iterator[Server]:
-    """`kind` on a free loopback port before `replica_urls` for the duration of the block (stopped on exit,
-    also on failure); ready when a `/health` through it is answered."""
+                   health_interval_s: float = 1.0, port: int | None = None, host: str = LOOPBACK,
+                   startup_timeout: float = STARTUP_TIMEOUT_S, metrics_port: int | None = None) -> Iterator[Server]:
+    """`kind` on `host:port` (default: a free loopback port) before `replica_urls` for the duration of the
+    block (stopped on exit, also on failure); ready when a `/health` through it is answered. Its metrics
+    port: `metrics_port`, else a free one (two routers on one machine would both take 29000)."""
     binary = router_binary(kind)
     port = port or free_port()
-    config = router_config(kind, replica_urls, port=port, policy=policy, key_header=key_header, health_interval_s=health_interval_s)
+    config = router_config(kind, replica_urls, port=port, policy=policy, key_header=key_header, health_interval_s=health_interval_s,
+                           host=host, metrics_port=metrics_port or (None if kind == "haproxy" else free_port()))
     command = [str(binary), *config.command(log_dir / f"{kind}-{port}")[1:]]
-    with running(kind, command, port=port, log_dir=log_dir, ready=lambda: http_ok(f"http://{LOOPBACK}:{port}/health"),
-                 startup_timeout=STARTUP_TIMEOUT_S) as server:
+    reachable = LOOPBACK if host in ("0.0.0.0", "::") else host
+    with running(kind, command, port=port, log_dir=log_dir, ready=lambda: http_ok(f"http://{reachable}:{port}/health"),
+                 startup_timeout=startup_timeout) as server:
         yield server
