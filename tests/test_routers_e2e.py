@@ -151,15 +151,17 @@ def wait_for_disk_writes(url: str, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def test_through_haproxy_a_killed_replicas_lane_moves_to_the_survivor_warm_from_disk_and_comes_back(tmp_path):
-    """No request lost: the lane's next request after a SIGKILL goes to the survivor (HAProxy's L7 retry,
-    redispatched), restored from the shared directory; after the replica returns the lane goes back."""
+@pytest.mark.parametrize("kind", ["haproxy", "smg"])
+def test_a_killed_replicas_lane_moves_to_the_survivor_warm_from_disk_and_comes_back(kind, tmp_path):
+    """No request lost: the lane's next request, sent at once after a SIGKILL, goes to the survivor (the
+    router's retry: HAProxy's L7 retry, redispatched; smg's retry), restored from the shared directory;
+    after the replica returns the lane goes back."""
     shared = tmp_path / "shared-kv"
     ports = [free_port(), free_port()]
     with contextlib.ExitStack() as stack:
         pair = [stack.enter_context(engine(tmp_path, f"replica-{n}", "--prefix-cache-dir", str(shared), port=port))
                 for n, port in zip("ab", ports, strict=True)]
-        router = stack.enter_context(routers.running_router("haproxy", [r.url for r in pair], log_dir=tmp_path))
+        router = stack.enter_context(routers.running_router(kind, [r.url for r in pair], log_dir=tmp_path))
         proxy = stack.enter_context(team_proxy(router.url, tmp_path))
         for turns in (1, 2):
             _, holder = send_and_locate(proxy.url, pair, claude_code_body(turns, workdir="/home/flo/app"))
@@ -167,13 +169,18 @@ def test_through_haproxy_a_killed_replicas_lane_moves_to_the_survivor_warm_from_
         kill_9(pair[holder])
         survivor = pair[1 - holder]
         before = served([survivor])[0]
+        started = time.monotonic()
         moved = send(proxy.url, MESSAGES, claude_code_body(3, workdir="/home/flo/app"))  # at once: before any health check saw it
+        print(f"\n{kind}: the moved lane's turn {time.monotonic() - started:.2f} s, reused {reused_tokens(MESSAGES, moved.usage)} "
+              f"of {prompt_tokens(moved.usage)} prompt tokens")
         assert served([survivor])[0] == before + 1
         assert reused_tokens(MESSAGES, moved.usage) >= 0.9 * prompt_tokens(moved.usage), moved.usage
         returned = stack.enter_context(engine(tmp_path, "replica-back", "--prefix-cache-dir", str(shared), port=ports[holder]))
         pair[holder] = returned
         time.sleep(3)  # a passed health check (every second, one needed) puts it back on the ring
         back, place = send_and_locate(proxy.url, pair, claude_code_body(4, workdir="/home/flo/app"))
+        print(f"{kind}: back on the returned replica: {place == holder}, reused {reused_tokens(MESSAGES, back.usage)} "
+              f"of {prompt_tokens(back.usage)}")
         assert place == holder
         assert reused_tokens(MESSAGES, back.usage) >= 0.9 * prompt_tokens(back.usage), back.usage
 
