@@ -3,6 +3,7 @@ retries, `tools/routers.py`), never the proxy, which forwards once. Two stand-in
 answers its health checks but drops every request unanswered (as an engine killed mid-prefill does), the
 other records what arrives."""
 
+import contextlib
 import json
 from http.server import BaseHTTPRequestHandler
 
@@ -22,6 +23,10 @@ class DropsEveryRequest(BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):  # noqa: A002 - stdlib signature
         pass
+
+    def handle(self):
+        with contextlib.suppress(ConnectionResetError):  # HAProxy closes its side of a dropped request too
+            super().handle()
 
     def do_GET(self):
         self.send_response(200)

@@ -140,3 +140,8 @@ def test_an_unknown_key_scope_is_refused():
     addon = StripBilling()
     with taddons.context(addon) as tctx, pytest.raises(exceptions.OptionsError, match="routing_key_scope='user'"):
         tctx.configure(addon, routing_key_scope="user")
+
+
+def test_the_first_turn_and_the_next_share_a_key_though_the_first_marks_its_environment_for_caching():
+    """2.1.332's first request: the environment message is the newest and carries the cache marker."""
+    assert forwarded_key(claude_code.modern_request(1)) == forwarded_key(claude_code.modern_request(2)) == forwarded_key(claude_code.modern_request(5))

@@ -25,8 +25,10 @@ own prompt-text / cache-aware policy (smg's and vllm-router's `cache_aware`; HAP
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import sys
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,7 +248,24 @@ def running_router(kind: str, replica_urls: Sequence[str], *, policy: str = "key
     config = router_config(kind, replica_urls, port=port, policy=policy, key_header=key_header, health_interval_s=health_interval_s,
                            host=host, metrics_port=metrics_port or (None if kind == "haproxy" else free_port()))
     command = [str(binary), *config.command(log_dir / f"{kind}-{port}")[1:]]
-    reachable = LOOPBACK if host in ("0.0.0.0", "::") else host
-    with running(kind, command, port=port, log_dir=log_dir, ready=lambda: http_ok(f"http://{reachable}:{port}/health"),
+    url = f"http://{LOOPBACK if host in ('0.0.0.0', '::') else host}:{port}"
+    with running(kind, command, port=port, log_dir=log_dir, ready=lambda: router_ready(kind, url, replica_urls),
                  startup_timeout=startup_timeout) as server:
         yield server
+
+
+def router_ready(kind: str, url: str, replica_urls: Sequence[str]) -> bool:
+    """The router answers, and (smg) every replica is registered and healthy: smg answers `/health` before
+    its background registration has added any worker, and a lane whose first request meets a ring of one
+    replica moves when the second joins (vllm-router waits for its workers before it listens)."""
+    if not http_ok(f"{url}/health"):
+        return False
+    if kind != "smg":
+        return True
+    try:
+        with urllib.request.urlopen(f"{url}/workers", timeout=2) as response:
+            workers = json.loads(response.read()).get("workers") or []
+    except (OSError, ValueError):
+        return False
+    healthy = {worker.get("url") for worker in workers if isinstance(worker, dict) and worker.get("is_healthy")}
+    return {replica.rstrip("/") for replica in replica_urls} <= healthy
