@@ -145,3 +145,17 @@ def test_an_unknown_key_scope_is_refused():
 def test_the_first_turn_and_the_next_share_a_key_though_the_first_marks_its_environment_for_caching():
     """2.1.332's first request: the environment message is the newest and carries the cache marker."""
     assert forwarded_key(claude_code.modern_request(1)) == forwarded_key(claude_code.modern_request(2)) == forwarded_key(claude_code.modern_request(5))
+
+
+def test_the_diagnosis_reads_the_clients_own_value_of_a_header_the_key_replaced():
+    """opencode names its sessions in x-session-id, the header vllm-router reads the key from."""
+    from stable_prefix.addons.strip_billing import client_headers
+
+    addon = StripBilling()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, lane_routing_header="x-session-id,x-smg-routing-key")
+        flow = request_flow(claude_code.main_request())
+        flow.request.headers["x-session-id"] = "ses_client_own"
+        addon.request(flow)
+    assert flow.request.headers["x-session-id"] == forwarded_key(claude_code.main_request())
+    assert client_headers(flow)["x-session-id"] == "ses_client_own" and "x-smg-routing-key" not in client_headers(flow)
