@@ -197,8 +197,8 @@ class StripBilling:
             "strict_router_body", bool, False,
             "Make bodies what a router with a strict schema (smg) accepts, dropping only fields vllm-mlx ignores: "
             "an Anthropic message's fields besides role and content (Claude Code's output_config), thinking whose "
-            "budget_tokens is not below max_tokens; a Responses request without temperature gets the engine's default "
-            "(smg would set 1.0). Each drop is logged. For a team's proxy before smg; off: bodies as the rules leave them.",
+            "budget_tokens is not below max_tokens, a Responses request's fields smg refuses and the engine ignores (Codex's "
+            "client_metadata); a Responses request without temperature gets the engine's default (smg would set 1.0). Each drop is logged. For a team's proxy before smg; off: bodies as the rules leave them.",
         )
         loader.add_option(
             engine_errors.OPTION, bool, True,

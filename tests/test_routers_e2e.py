@@ -14,7 +14,7 @@ import time
 
 import pytest
 import requests
-from fixtures import claude_code
+from fixtures import claude_code, codex
 
 from stable_prefix.tools import routers
 from tests.support.engines import engine, kill_9
@@ -25,6 +25,7 @@ from tests.support.slow_sse_upstream import slow_sse_upstream
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 MESSAGES = "/v1/messages"
+RESPONSES = "/v1/responses"
 TEAM_OPTIONS = {"upstream_model": "tiny", "max_tokens_cap": 8, "lane_routing_header": "x-smg-routing-key,x-session-id",
                 "strict_router_body": "true"}
 USERS = 10  # keys on a ring of two: all on one replica 2 times in 2**10
@@ -118,6 +119,16 @@ def test_through_smg_the_length_cap_reaches_the_engine(smg_stack):
     _, proxy = smg_stack
     answer = send(proxy.url, MESSAGES, claude_code_body(1, max_tokens=64000))
     assert answer.usage["output_tokens"] <= TEAM_OPTIONS["max_tokens_cap"]
+
+
+def test_through_smg_a_codex_request_passes_with_the_strict_router_option_and_not_without(smg_stack, tmp_path):
+    router, proxy = smg_stack
+    body = {**codex.Conversation("Fix the failing test.").request(), "max_output_tokens": 8}
+    answer = send(proxy.url, RESPONSES, body)
+    assert answer.response["status"] in ("completed", "incomplete")
+    with team_proxy(router.url, tmp_path, strict_router_body="false") as plain:
+        refused = requests.post(plain.url + RESPONSES, json=body, timeout=300)
+    assert refused.status_code == 400 and "client_metadata" in refused.text
 
 
 def test_smg_streams_the_answer(smg_stack):

@@ -3,7 +3,7 @@
 import copy
 import json
 
-from fixtures import claude_code
+from fixtures import claude_code, codex
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
@@ -93,3 +93,23 @@ def test_the_addon_logs_each_drop(caplog):
         addon.request(flow)
     assert "strict_router_body: strict_router messages[0]: dropped output_config" in caplog.text
     assert "output_config" not in json.dumps(json.loads(flow.request.content)["messages"])
+
+
+def test_a_responses_field_smg_refuses_and_the_engine_ignores_is_dropped():
+    """Codex 0.171 sends client_metadata: smg answers 400 unknown field."""
+    body = codex.Conversation("Fix the test.").request()
+    changes = normalize.normalize(body, "responses", STRICT)
+    assert "client_metadata" not in body and any("client_metadata" in change.detail for change in changes)
+    assert body["prompt_cache_key"] and body["include"]  # smg accepts these: they stay
+
+
+def test_a_responses_field_the_engine_reads_stays_even_where_smg_refuses_it():
+    body = {"model": "tiny", "input": "hi", "chat_template_kwargs": {"enable_thinking": False}}
+    normalize.normalize(body, "responses", STRICT)
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_the_responses_fields_kept_for_the_engine_are_the_ones_vllm_mlx_reads():
+    from vllm_mlx.api.responses_models import ResponsesRequest
+
+    assert set(normalize.ENGINE_RESPONSES_FIELDS) == set(ResponsesRequest.model_fields)
