@@ -14,7 +14,7 @@ import time
 
 import pytest
 import requests
-from fixtures import claude_code, codex
+from fixtures import claude_code, codex, coding_agents
 
 from stable_prefix.tools import routers
 from tests.support.engines import engine, kill_9
@@ -119,6 +119,14 @@ def test_through_smg_the_length_cap_reaches_the_engine(smg_stack):
     _, proxy = smg_stack
     answer = send(proxy.url, MESSAGES, claude_code_body(1, max_tokens=64000))
     assert answer.usage["output_tokens"] <= TEAM_OPTIONS["max_tokens_cap"]
+
+
+def test_through_smg_the_length_cap_reaches_the_engine_on_the_openai_path(smg_stack):
+    """sglang-router renamed max_tokens to max_completion_tokens, which vllm-mlx ignores; smg keeps it."""
+    _, proxy = smg_stack
+    body = {**coding_agents.opencode_request(["Fix the failing test."]), "max_tokens": 64000, "stream": False}
+    answer = send(proxy.url, "/v1/chat/completions", body)
+    assert answer.usage["completion_tokens"] <= TEAM_OPTIONS["max_tokens_cap"]
 
 
 def test_through_smg_a_codex_request_passes_with_the_strict_router_option_and_not_without(smg_stack, tmp_path):
