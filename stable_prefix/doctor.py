@@ -118,9 +118,8 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 
 def report() -> str:
-    routers = ("none pinned in tools/pins.py" if not pins.ROUTER_PINS else
-               table(COLUMNS, [(pin.name, pin.package, pin.version, newest.version or "unknown", "-", verdict(pin, Lookup(pin.version), newest))
-                               for pin in pins.ROUTER_PINS for newest in [lookups(pin)[1]]]))
+    routers = table(COLUMNS, [(pin.name, pin.package, pin.version, newest.version or "unknown", "-", verdict(pin, Lookup(pin.version), newest))
+                              for pin in pins.ROUTER_PINS for newest in [lookups(pin)[1]]])
     return "\n".join([
         f"stable-prefix doctor: node {runtime_version('node')}, npm {runtime_version('npm')}, "
         f"Python {platform.python_version()}",
@@ -128,7 +127,8 @@ def report() -> str:
         "Agents and clients (pinned: what `make test` installs and runs; newest: the registry's `latest`):",
         table(COLUMNS, agent_rows()),
         "",
-        f"Routers: {routers}",
+        "Routers (pinned: what `make routers` installs, each in its own venv; HAProxy is the system's package):",
+        routers,
         "",
         "Engine in this Python (tested: the versions the cache tests run against):",
         table(("engine", "installed", "tested", "newest", "python", ""), engine_rows()),

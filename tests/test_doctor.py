@@ -124,3 +124,9 @@ def test_the_engine_pins_are_what_the_makefile_requirements_and_pyproject_instal
     assert f"VLLM_MLX_VERSION := {pins.VLLM_MLX.version}\n" in makefile
     assert f"\nmlx-lm=={pins.MLX_LM.version}\n" in requirements
     assert f'"mlx-lm>={pins.MLX_LM.version},<0.32", "vllm-mlx=={pins.VLLM_MLX.version}"' in pyproject
+
+
+def test_the_router_pins_are_what_the_makefile_installs():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert f"SMG_VERSION := {pins.SMG.version}\n" in makefile
+    assert f"VLLM_ROUTER_VERSION := {pins.VLLM_ROUTER.version}\n" in makefile

@@ -43,6 +43,9 @@ MLX_LM = Pin("mlx-lm", "pypi", "mlx-lm", "0.31.3",
              "0.31.x runs the whole suite; 0.32.2 runs the snapshot/restore core only (tests/test_cache_layers.py)")
 ENGINE_PINS = (VLLM_MLX, MLX_LM)
 
-# Routers a team puts in front of several engines. Branch issue-22-routers pins smg and vllm-router in its
-# tools/routers.py (HAProxy comes from the system's packages): at merge they become Pin entries here.
-ROUTER_PINS: tuple[Pin, ...] = ()
+# Routers a team puts in front of several engines (tools/routers.py installs and starts them; the Makefile's
+# `routers` target installs these versions, each in a venv of its own). HAProxy comes from the system's
+# packages (Debian's, Homebrew's), so no version of it is pinned.
+SMG = Pin("smg", "pypi", "smg", "1.13.0", "SGLang's model gateway; Linux and macOS arm64 wheels")
+VLLM_ROUTER = Pin("vllm-router", "pypi", "vllm-router", "0.1.17", "Linux wheels only")
+ROUTER_PINS = (SMG, VLLM_ROUTER)
