@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import admission, batched_admission, batched_engine, detokenizer_map, http_endpoints, memory_stats, simple_engine
+from . import admission, batched_admission, batched_engine, detokenizer_map, http_endpoints, memory_stats, recurrent_padding_fix, simple_engine
 from .disk_tier import DiskTier
 from .prefix_cache import PrefixCache
 from .request_plan import PrefixPlanner
@@ -112,7 +112,7 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
         patched = simple_engine.install(planner)
     else:
         seams = batched_engine.BatchedEngineSeams(planner)
-        patched = seams.install() + batched_admission.install(seams.contexts)
+        patched = seams.install() + batched_admission.install(seams.contexts) + recurrent_padding_fix.install()
     if disk_tier is not None:
         patched += _identify_loaded_models(disk_tier)
         atexit.register(disk_tier.close, SHUTDOWN_WRITE_SECONDS)

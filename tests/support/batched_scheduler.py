@@ -13,6 +13,7 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from stable_prefix.engine_patch import recurrent_padding_fix
 from stable_prefix.engine_patch.batched_engine import BatchedEngineSeams
 from stable_prefix.engine_patch.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.prompt_head import set_head_text
@@ -49,19 +50,22 @@ def submitted(head: str | None) -> contextvars.Context:
 
 
 def patched_classes():
+    from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import ArraysCache
     from vllm_mlx import engine_core, scheduler
     from vllm_mlx.engine import batched
 
-    return scheduler.Scheduler, engine_core.EngineCore, batched.BatchedEngine, ArraysCache
+    return scheduler.Scheduler, engine_core.EngineCore, batched.BatchedEngine, ArraysCache, BatchGenerator
 
 
 @contextlib.contextmanager
 def batched_seams(budget_bytes: int = 256 * 2**20) -> Iterator[BatchedEngineSeams]:
-    """The batched engine's seams on a fresh RAM cache; the classes as shipped again afterwards."""
+    """The batched engine's seams on a fresh RAM cache, with mlx-lm's recurrent padding fix as
+    install() puts them; the classes as shipped again afterwards."""
     saved = [(cls, dict(vars(cls))) for cls in patched_classes()]
     seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=budget_bytes)))
     seams.install()
+    recurrent_padding_fix.install()
     try:
         yield seams
     finally:
