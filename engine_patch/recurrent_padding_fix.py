@@ -50,9 +50,9 @@ _recurrent: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 def cut_to_one_length(segment_lists: list[list[list[int]]], step_size: int) -> None:
     """Cut each list's first segment (in place) so that all of them prefill the same number of tokens next."""
-    chunks = [min(len(segments[0]), step_size) for segments in segment_lists if segments and segments[0]]
+    chunks = {min(len(segments[0]), step_size) for segments in segment_lists if segments and segments[0]}
     if len(chunks) < 2:
-        return
+        return  # one length already: nothing would be padded
     length = min(chunks)
     for segments in segment_lists:
         if segments and len(segments[0]) > length:

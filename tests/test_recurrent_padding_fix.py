@@ -15,6 +15,7 @@ import mlx_lm
 import pytest
 
 from stable_prefix.engine_patch.install import parse_version
+from stable_prefix.engine_patch.recurrent_padding_fix import cut_to_one_length
 from tests.support.family_chat import FAMILY_MODELS
 from tests.support.models import REPO_ROOT, require_model
 
@@ -57,3 +58,17 @@ def test_mlx_lm_0_32_2_fixes_the_gated_deltanet_padding_but_not_mamba2s():
 
 def test_with_the_fix_a_prompt_prefilled_beside_a_longer_one_answers_as_alone_on_every_family():
     assert answered_as_alone(FAMILIES, "--fixed") == dict.fromkeys(FAMILIES, True)
+
+
+def test_each_next_segment_is_cut_to_the_shortest_chunk_and_the_rest_kept_behind_it():
+    short, longer, longest = [[1, 2, 3], [4]], [[1, 2, 3, 4, 5], [6]], [[1] * 10, [2] * 4, [3]]
+    cut_to_one_length([short, longer, longest], step_size=8)
+    assert short == [[1, 2, 3], [4]]
+    assert longer == [[1, 2, 3], [4, 5], [6]]
+    assert longest == [[1] * 3, [1] * 7, [2] * 4, [3]]
+
+
+def test_segments_whose_next_chunks_already_have_one_length_are_left_as_they_are():
+    first, second = [[1] * 10, [2]], [[1] * 9, [2]]
+    cut_to_one_length([first, second], step_size=4)  # both prefill 4 tokens next
+    assert first == [[1] * 10, [2]] and second == [[1] * 9, [2]]
