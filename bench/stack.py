@@ -144,6 +144,10 @@ CONFIGURATIONS = (
     Configuration("9-rapid-mlx+addon", RAPID_MLX, True, f"Rapid-MLX {RAPID_MLX_VERSION} (continuous batching), behind the addon"),
     # The product in its other engine mode (the patched engine's `--engine simple`).
     Configuration("10-patched-simple+addon", PATCHED, True, "patched engine, --engine simple, behind the addon", ("--engine", "simple")),
+    # The product with one prompt per prefill batch: how its batched engine prefilled hybrid prompts
+    # before recurrent_padding_fix (the before of issue 23, in the same run).
+    Configuration("11-patched-one-prefill+addon", PATCHED, True, "patched engine, --prefill-batch-size 1 (one prompt per prefill), behind the addon",
+                  ("--prefill-batch-size", "1")),
 )
 PRODUCT = CONFIGURATIONS[3]
 BATCHED_ANCHOR = CONFIGURATIONS[6]

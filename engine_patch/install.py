@@ -30,7 +30,7 @@ from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
 from stable_prefix.engine_patch.http_api import admission, http_endpoints, memory_stats
 from stable_prefix.engine_patch.vllm_mlx import detokenizer_map
-from stable_prefix.engine_patch.vllm_mlx.batched import batched_admission, batched_engine
+from stable_prefix.engine_patch.vllm_mlx.batched import batched_admission, batched_engine, recurrent_padding_fix
 from stable_prefix.engine_patch.vllm_mlx.simple import simple_engine
 
 logger = logging.getLogger("engine_patch")
@@ -106,7 +106,7 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
         patched = simple_engine.install(planner)
     else:
         seams = batched_engine.BatchedEngineSeams(planner)
-        patched = seams.install() + batched_admission.install(seams.contexts)
+        patched = seams.install() + batched_admission.install(seams.contexts) + recurrent_padding_fix.install()
     if disk_tier is not None:
         patched += _identify_loaded_models(disk_tier)
         atexit.register(disk_tier.close, SHUTDOWN_WRITE_SECONDS)

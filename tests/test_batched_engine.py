@@ -33,8 +33,8 @@ def load(family: str):
 
 def reference(model, tokenizer, arrivals: list[Arrival]):
     """The same batched engine without our cache. For models with recurrent layers one prompt per
-    prefill, as ours runs them: vllm-mlx's default of 8 lets mlx-lm 0.31 feed the right padding of
-    shorter prompts into their recurrent state (see test_a_hybrid_prompt_prefilled_beside_a_longer_one_is_answered_as_alone)."""
+    prefill: as shipped, vllm-mlx's default of 8 lets mlx-lm 0.31 feed the right padding of shorter
+    prompts into their recurrent state (tests/test_recurrent_padding_fix.py), which ours avoids."""
     from mlx_lm.models.cache import make_prompt_cache
 
     one_at_a_time = has_recurrent_state(make_prompt_cache(model))
@@ -120,17 +120,36 @@ def test_a_request_arriving_after_another_prefilled_past_their_shared_prefix_tak
     assert ours.cached_tokens[second.request_id] >= MIN_SHARED_TOKENS
 
 
-@pytest.mark.parametrize("family", HYBRIDS)
-def test_a_hybrid_prompt_prefilled_beside_a_longer_one_is_answered_as_alone(family):
+@pytest.fixture
+def prefill_steps(monkeypatch) -> list[list[int]]:
+    """The lengths of the prompts each prefill step of mlx-lm's generator ran together."""
+    from mlx_lm.generate import PromptProcessingBatch
+
+    steps: list[list[int]] = []
+    prompt = PromptProcessingBatch.prompt
+
+    def recorded(batch, tokens):
+        if tokens:
+            steps.append([len(chunk) for chunk in tokens])
+        return prompt(batch, tokens)
+
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", recorded)
+    return steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompts_of_different_lengths_in_flight_prefill_together_and_answer_as_alone(family, prefill_steps):
     model, tokenizer = load(family)
-    title = Arrival(0, "title", prompt(tokenizer, "title", 1, system="Write a five-word title."))
-    main = Arrival(0, "main", prompt(tokenizer, "main", 3))
-    alone = serve(scheduler(model, tokenizer), [title]).tokens["title"]
-    shipped = serve(scheduler(model, tokenizer), [main, title]).tokens["title"]
-    assert shipped != alone, "mlx-lm's padded prefill of recurrent layers is fixed: our one-prompt prefill may be dropped"
+    arrivals = [Arrival(0, "title", prompt(tokenizer, "title", 1, system="Write a five-word title.")),
+                Arrival(0, "main", prompt(tokenizer, "main", 3)), Arrival(0, "sub", prompt(tokenizer, "subagent", 5))]
+    alone = {arrival.request_id: serve(scheduler(model, tokenizer), [arrival]).tokens[arrival.request_id] for arrival in arrivals}
+    prefill_steps.clear()
     with batched_seams() as seams:
-        ours = serve(scheduler(model, tokenizer), [main, title], seams).tokens["title"]
+        ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams).tokens
     assert ours == alone
+    assert max(map(len, prefill_steps)) == len(arrivals), "the prompts were not prefilled together"
+    if family in HYBRIDS:  # no padding for recurrent layers (recurrent_padding_fix)
+        assert all(len(set(lengths)) == 1 for lengths in prefill_steps), prefill_steps
 
 
 def two_turns(tokenizer) -> list[Arrival]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.support.llm_client import cache_stats, reused_tokens, send
 from tests.support.models import REPO_ROOT, require_model
 from tests.support.processes import free_port, http_ok, running
-from tests.test_engine_patch_server import ENGINES, PROTOCOLS, interleaved, prompt_tokens
+from tests.test_engine_patch_server import ENGINES, PROTOCOLS, anthropic_turns, interleaved, prompt_tokens
 
 pytestmark = pytest.mark.server
 
@@ -89,3 +90,16 @@ def test_every_family_answers_as_shipped_stays_warm_and_never_reuses_less(family
         assert stats["disabled_reasons"] == []
         assert stats["fallbacks"] == 0
         assert stats["bytes"] <= stats["budget_bytes"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_requests_of_three_lengths_sent_at_once_to_the_batched_engine_answer_as_each_alone(family, tmp_path_factory):
+    # A long main turn, a subagent's first and a title request: prefilled together (recurrent_padding_fix
+    # for the hybrids), each answer as vllm-mlx's SimpleEngine gives it alone.
+    bodies = [anthropic_turns("main")[2], anthropic_turns("subagent")[0], anthropic_turns("title")[0]]
+    with engine_server(tmp_path_factory, family, "patched-batched-at-once", *ENGINES["batched"][0], "--prefix-cache-bytes", "64MiB") as patched, \
+            engine_server(tmp_path_factory, family, "shipped-simple-alone", *ENGINES["simple"][1]) as alone:
+        expected = [send(alone.url, "/v1/messages", body).text for body in bodies]
+        with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+            answers = list(pool.map(lambda body: send(patched.url, "/v1/messages", body), bodies))
+    assert [answer.text for answer in answers] == expected

@@ -17,6 +17,7 @@ from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.cache.prompt_head import set_head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.cache.request_reuse import begin_request, current_request_reuse
+from stable_prefix.engine_patch.vllm_mlx.batched import recurrent_padding_fix
 from stable_prefix.engine_patch.vllm_mlx.batched.batched_engine import BatchedEngineSeams
 
 MAX_STEPS = 20_000
@@ -49,19 +50,22 @@ def submitted(head: str | None) -> contextvars.Context:
 
 
 def patched_classes():
+    from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import ArraysCache
     from vllm_mlx import engine_core, scheduler
     from vllm_mlx.engine import batched
 
-    return scheduler.Scheduler, engine_core.EngineCore, batched.BatchedEngine, ArraysCache
+    return scheduler.Scheduler, engine_core.EngineCore, batched.BatchedEngine, ArraysCache, BatchGenerator
 
 
 @contextlib.contextmanager
 def batched_seams(budget_bytes: int = 256 * 2**20) -> Iterator[BatchedEngineSeams]:
-    """The batched engine's seams on a fresh RAM cache; the classes as shipped again afterwards."""
+    """The batched engine's seams on a fresh RAM cache, with mlx-lm's recurrent padding fix as
+    install() puts them; the classes as shipped again afterwards."""
     saved = [(cls, dict(vars(cls))) for cls in patched_classes()]
     seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=budget_bytes)))
     seams.install()
+    recurrent_padding_fix.install()
     try:
         yield seams
     finally:

@@ -79,3 +79,21 @@ def state_of(generator: Any, uid: int) -> list[Any] | None:
         if uid in batch.uids:
             return batch.extract_cache(batch.uids.index(uid))
     return None
+
+
+def segments_of_next_prefill(generator: Any) -> list[list[list[int]]]:
+    """The live segment lists of every sequence the generator's next step may prefill.
+
+    A superset, read before the step: the sequences in its prompt batch that
+    have more than their last token left (that one starts the decode), and
+    the waiting ones that may join it (up to `prefill_batch_size` in all).
+    """
+    in_batch = [entry[0] for entry in generator._currently_processing]
+    joining = max(0, generator.prefill_batch_size - len(generator._prompt_batch))
+    waiting = [sequence[1] for _, sequence in zip(range(joining), generator._unprocessed_sequences)]
+    return [segments for segments in in_batch + waiting if not _only_last_token_left(segments)]
+
+
+def _only_last_token_left(segments: list[list[int]]) -> bool:
+    """True once a sequence has only its last prompt token left: the next step starts its decode with it."""
+    return len(segments) == 1 and len(segments[0]) == 1

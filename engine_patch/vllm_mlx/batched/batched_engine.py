@@ -22,15 +22,10 @@ together. The seams, each the narrowest that covers every text request:
   `_close_batch_generator`: a sequence that leaves early keeps nothing.
 - `EngineCore.add_request`: the request's context (its reuse record for the
   usage fields, its chat head) travels to the engine thread by request id.
-- For a model with recurrent layers the `BatchGenerator` prefills one prompt at
-  a time (decoding stays batched): mlx-lm 0.31 right-pads the shorter prompts
-  of a prefill batch, and its recurrent layers let that padding into their
-  state (gated DeltaNet: `ArraysCache.make_mask` ignores `lengths` once
-  `left_padding` is set; Mamba2: `ssm_update` never gets `lengths`), so a
-  hybrid prompt prefilled beside a longer one is answered, and would be cached,
-  from a corrupted state. Measured on the tiny Qwen3.5- and Nemotron-H-shaped
-  models: another greedy answer from the first or fifth token than the same
-  prompt alone; the same answer with one prompt per prefill.
+- Hybrid prompts in flight are prefilled together, never padded
+  (`recurrent_padding_fix.py`, installed beside these seams): mlx-lm 0.31 lets
+  the right padding of a prefill batch into recurrent state, and a cached
+  state must be the state of its tokens.
 - `BatchedEngine._apply_chat_template`: the chat head (system + tools), for
   models that checkpoint it. `_compute_prefix_boundary`, which renders and
   tokenizes every prompt twice more for the shipped cache's sake, is skipped
@@ -47,9 +42,6 @@ import uuid
 import weakref
 from typing import Any
 
-from mlx_lm.models.cache import make_prompt_cache
-
-from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
 from stable_prefix.engine_patch.cache.prompt_head import head_text, set_head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.cache.request_reuse import RequestReuse, current_request_reuse
@@ -191,8 +183,6 @@ class ServedScheduler:
             return
         generator.insert = functools.partial(self._insert, generator.insert)
         generator.next = functools.partial(self._next, generator.next)
-        if has_recurrent_state(make_prompt_cache(self.model)):
-            generator.prefill_batch_size = 1  # no right padding for recurrent layers (see the module's docstring)
 
     def _insert(self, original_insert, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
                 logits_processors=None, state_machines=None):
