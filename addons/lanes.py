@@ -229,7 +229,9 @@ def _leading_context(body: dict, api: Api) -> list:
         texts = _texts(content)
         if not texts or not all(isinstance(text, str) and text.startswith("<system-reminder>") for text in texts):
             break
-        leading.append(canonical_value(content))
+        # Its texts, not its shape: the newest message is a block list with the cache marker, the same
+        # message is a plain string once older (Claude Code flattens it), and the model reads one text.
+        leading.append(texts)
     return leading
 
 

@@ -28,6 +28,14 @@ def test_every_turn_of_a_conversation_gets_the_same_key():
     assert len(keys) == 1
 
 
+def test_the_first_turn_of_a_2_1_332_conversation_gets_the_key_of_its_later_turns():
+    """On the first turn the environment message is the newest one, a block list with the cache marker;
+    later it is flattened to a string: the model reads the same text, so the key is the same (the team
+    bench found the first and second turns of every conversation on different replicas)."""
+    keys = {forwarded_key(claude_code.modern_request(turns)) for turns in (1, 2, 5)}
+    assert len(keys) == 1
+
+
 def test_a_rotating_billing_header_does_not_change_the_key():
     assert forwarded_key(claude_code.main_request(billing_suffix="a3f")) == forwarded_key(claude_code.main_request(billing_suffix="9c0", cch="77"))
 
