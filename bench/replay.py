@@ -150,6 +150,11 @@ def post_streamed(
         if on_sent:
             on_sent()
         response = connection.getresponse()
+    except (OSError, http.client.HTTPException) as error:
+        # A refused or dropped connection is this request's failure (a lost request), not the replay's end.
+        connection.close()
+        return Reply(0, None, time.perf_counter() - started, error=f"connection failed: {error!r}")
+    try:
         if response.status != 200:
             detail = response.read().decode(errors="replace")[:500]
             return Reply(response.status, None, time.perf_counter() - started, error=f"HTTP {response.status}: {detail}")
@@ -162,6 +167,8 @@ def post_streamed(
         ttft = None if events.first_output_at is None else events.first_output_at - started
         error = None if events.error is None else json.dumps(events.error)[:500]
         return Reply(200, ttft if ttft is not None else total, total, events.usage, error, ttft_is_total=ttft is None, stop_reason=stop_reason)
+    except (OSError, http.client.HTTPException) as error:
+        return Reply(200, None, time.perf_counter() - started, error=f"stream cut: {error!r}")
     finally:
         connection.close()
 
@@ -323,9 +330,11 @@ class Replayer:
     def step(self, step: list[Request]) -> list[Measured]:
         """Send one step: a single request, or requests sent at the same time (a fan-out group, a title beside its main turn)."""
         if len(step) == 1:
-            before = cache_stats(self.server_url)
+            # Stats are read only where they are a source: behind a router, this URL is not one engine's.
+            reads_stats = "stats" in self.reuse_sources
+            before = cache_stats(self.server_url) if reads_stats else None
             started_s, reply = self.sender.send(step[0])
-            after = cache_stats(self.server_url)
+            after = cache_stats(self.server_url) if reads_stats else None
             figures, source = reuse_figures(reply, before, after, reuse_from_log(self.server_lines.new_lines()), self.reuse_sources)
             return [self._measured(step[0], reply, figures, source, started_s, _diagnosis_line(self.proxy_lines.new_lines()))]
         measured = self._concurrently(step)
