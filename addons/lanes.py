@@ -201,20 +201,37 @@ def first_prompt_digest(body: dict) -> str | None:
     return None
 
 
-def routing_key(body: dict, api: Api) -> str:
-    """A key for the lane's stable head, for routers that keep one key on one replica.
+ROUTING_KEY_SCOPES = ("head", "lane")
 
-    The head is what every request of a conversation repeats from the start: the
-    whole system text, the tool definitions, and the messages of pure
-    `<system-reminder>` context that lead the conversation (where the rules put
-    Claude Code's environment), as the model reads them (`cache_control` markers
-    left out). Taken from the body as forwarded, after the rules, so neither the
-    rotating billing header nor a conversation's git status changes it. The
-    environment (working directory) is in it: two projects get different keys,
-    and a router can spread them over its replicas while each lane stays where
-    its cache is.
+
+def routing_key(body: dict, api: Api, headers: Mapping[str, str] | None = None, scope: str = "head") -> str:
+    """A key for routers that keep one key on one replica (32 hex digits: ASCII, short, none of the user's text).
+
+    scope `head`: the lane's stable head, what every request of a conversation
+    repeats from the start: the whole system text, the tool definitions, and
+    the messages of pure `<system-reminder>` context that lead the
+    conversation (where the rules put Claude Code's environment), as the model
+    reads them (`cache_control` markers left out). Taken from the body as
+    forwarded, after the rules, so neither the rotating billing header nor a
+    conversation's git status changes it. The environment (working directory)
+    is in it: two projects get different keys, and a router can spread them
+    over its replicas while each lane stays where its cache is. Instances of
+    one subagent type share it (they share their head), so a fan-out's
+    instances, and a new conversation, go where their head is cached.
+
+    scope `lane`: the head and the subagent instance the request names
+    (`lane_signature(...).instance`): each instance of a fan-out gets a key
+    of its own, so a router spreads one user's concurrent subagents over the
+    replicas (each then prefills the head once); the main agent's and side
+    requests' keys are the head's.
     """
+    if scope not in ROUTING_KEY_SCOPES:
+        raise ValueError(f"routing key scope {scope!r}: not one of {', '.join(ROUTING_KEY_SCOPES)}")
     head = [system_texts(body, api), canonical_value(body.get("tools") or []), _leading_context(body, api)]
+    if scope == "lane":
+        instance = lane_signature(body, api, headers).instance
+        if instance is not None:
+            head.append({"instance": instance})
     return hashlib.sha256(canonical_json(head)).hexdigest()[:32]
 
 

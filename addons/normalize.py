@@ -61,6 +61,20 @@ Rules that keep the prompt prefix stable:
 Compatibility rules (not about the prefix; a self-hosted server needs them):
   model            map the requested model name to the served one.
   max_tokens       cap `max_tokens` to what the server accepts.
+  strict_router    (off by default; a team's proxy before smg turns it on)
+                   make an Anthropic or Responses body what a router that
+                   parses it into a strict schema accepts, dropping only what
+                   vllm-mlx 0.6.0 ignores anyway (its pydantic request models
+                   read no other field; `STRICT_ROUTER_MESSAGE_FIELDS`):
+                   fields of a message besides role and content (Claude Code
+                   2.1.332's environment message carries `output_config`,
+                   and smg answers 400 `unknown field`); `thinking` whose
+                   `budget_tokens` is not below `max_tokens` (after the cap;
+                   smg answers 400). On the Responses path smg sets
+                   `temperature: 1.0` on a request without one, where the
+                   engine would sample at its own default: the rule writes
+                   that default (`ENGINE_DEFAULT_TEMPERATURE`) so the router
+                   changes nothing.
 """
 
 from __future__ import annotations
@@ -97,6 +111,12 @@ CONVERSATION_CONTEXT = "conversation_context"
 TURN_REMINDERS = "turn_reminders"
 MODEL = "model"
 MAX_TOKENS = "max_tokens"
+STRICT_ROUTER = "strict_router"
+# What vllm-mlx 0.6.0 reads of an Anthropic message (`api/anthropic_models.py: AnthropicMessage`); the rest is ignored.
+STRICT_ROUTER_MESSAGE_FIELDS = ("role", "content")
+# vllm-mlx 0.6.0's temperature for a request without one (`server.py: _FALLBACK_TEMPERATURE`; a replica's
+# --default-temperature replaces it: then set the same temperature in the client).
+ENGINE_DEFAULT_TEMPERATURE = 0.7
 
 # The rules that change bytes of the prompt itself, in the order they run. The
 # git status goes into the first user message before the initial context is
@@ -204,6 +224,7 @@ class Rules:
     # (fnmatch pattern, served model name); the first matching pattern wins.
     model_map: tuple[tuple[str, str], ...] = ()
     max_tokens_cap: int = 0  # 0: no cap
+    strict_router_body: bool = False
 
     def enabled(self, rule: str) -> bool:
         return {
@@ -218,6 +239,7 @@ class Rules:
             TOOL_ORDER: self.sort_tools,
             MODEL: bool(self.model_map),
             MAX_TOKENS: self.max_tokens_cap > 0,
+            STRICT_ROUTER: self.strict_router_body,
         }[rule]
 
 
@@ -939,6 +961,32 @@ def cap_max_tokens(body: dict, cap: int) -> list[Change]:
     return changes
 
 
+def fit_strict_router(body: dict, api: Api) -> list[Change]:
+    """What a strict router refuses or rewrites, made to change nothing the engine reads (the module docstring)."""
+    if api == "responses":
+        if "temperature" in body:
+            return []
+        body["temperature"] = ENGINE_DEFAULT_TEMPERATURE
+        return [Change(STRICT_ROUTER, "temperature", f"set to the engine's default {ENGINE_DEFAULT_TEMPERATURE} (smg would set 1.0)")]
+    if api != "anthropic":
+        return []
+    changes = []
+    for index, message in enumerate(body.get("messages") or []):
+        if not isinstance(message, dict):
+            continue
+        extra = [field for field in message if field not in STRICT_ROUTER_MESSAGE_FIELDS]
+        for field in extra:
+            del message[field]
+        if extra:
+            changes.append(Change(STRICT_ROUTER, f"messages[{index}]", f"dropped {', '.join(extra)} (the engine reads role and content only)"))
+    thinking, max_tokens = body.get("thinking"), body.get("max_tokens")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    if isinstance(budget, int) and isinstance(max_tokens, int) and budget >= max_tokens:
+        del body["thinking"]
+        changes.append(Change(STRICT_ROUTER, "thinking", f"dropped (budget_tokens {budget} >= max_tokens {max_tokens}; the engine ignores thinking)"))
+    return changes
+
+
 _PROMPT_RULE_FUNCTIONS = {
     BILLING_HEADER: strip_billing_header,
     GIT_STATUS: relocate_git_status,
@@ -962,6 +1010,8 @@ def normalize(body: dict, api: Api, rules: Rules = Rules()) -> list[Change]:
         changes += map_model(body, rules.model_map)
     if rules.enabled(MAX_TOKENS):
         changes += cap_max_tokens(body, rules.max_tokens_cap)
+    if rules.enabled(STRICT_ROUTER):
+        changes += fit_strict_router(body, api)  # after the cap: the thinking budget is checked against what is sent
     return changes
 
 

@@ -42,7 +42,7 @@ from mitmproxy import ctx, exceptions, http
 
 from stable_prefix.addons import engine_errors, exposure, normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.lanes import routing_key
+from stable_prefix.addons.lanes import ROUTING_KEY_SCOPES, routing_key
 from stable_prefix.addons.request_body import FLOW_NOTES, UnreadItems, normalize_request
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream
@@ -90,12 +90,23 @@ def rules_from_options(options) -> normalize.Rules:
         sort_tools=options.sort_tools,
         model_map=model_map,
         max_tokens_cap=options.max_tokens_cap,
+        strict_router_body=options.strict_router_body,
     )
+
+
+def routing_headers_from_option(value: str) -> tuple[str, ...]:
+    """The header names of `lane_routing_header` (comma-separated); raises OptionsError naming a bad one."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    for name in names:
+        if not _HEADER_NAME.fullmatch(name):
+            raise exceptions.OptionsError(f"lane_routing_header={value!r}: {name!r} is not an HTTP header name")
+    return names
 
 
 class StripBilling:
     def __init__(self) -> None:
         self.rules = normalize.Rules()
+        self.routing_headers: tuple[str, ...] = ()
         self.diagnosis = PrefixDiagnosis()
         self.unread_items = UnreadItems()
         self.chains = ResponseChains()
@@ -157,8 +168,21 @@ class StripBilling:
         loader.add_option("prefix_diagnosis", bool, True, "Log a prefix diagnosis per request and put it in flow.comment.")
         loader.add_option(
             "lane_routing_header", str, "",
-            "Add this header to forwarded requests, holding a stable key of the request's lane (a hash of its system text "
-            "and tools), for the session or cache-aware routing of a multi-replica engine; e.g. x-session-id. Empty: off.",
+            "Add this header (or these, comma-separated) to forwarded requests, holding a stable key of the request's lane "
+            "(32 hex digits: a hash of its system text, tools and leading context), for routers that keep a key on one "
+            "replica; e.g. x-smg-routing-key (smg, HAProxy) or x-session-id (vllm-router). Empty: off.",
+        )
+        loader.add_option(
+            "routing_key_scope", str, "head",
+            "What the routing key names: head (system, tools and leading context: all lanes of a user, project and day "
+            "that share a head, a fan-out's instances together) or lane (each subagent instance a key of its own).",
+        )
+        loader.add_option(
+            "strict_router_body", bool, False,
+            "Make bodies what a router with a strict schema (smg) accepts, dropping only fields vllm-mlx ignores: "
+            "an Anthropic message's fields besides role and content (Claude Code's output_config), thinking whose "
+            "budget_tokens is not below max_tokens; a Responses request without temperature gets the engine's default "
+            "(smg would set 1.0). Each drop is logged. For a team's proxy before smg; off: bodies as the rules leave them.",
         )
         loader.add_option(
             engine_errors.OPTION, bool, True,
@@ -171,9 +195,9 @@ class StripBilling:
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
         self.diagnosis.rules = self.rules
-        header = ctx.options.lane_routing_header
-        if header and not _HEADER_NAME.fullmatch(header):
-            raise exceptions.OptionsError(f"lane_routing_header={header!r}: not an HTTP header name")
+        self.routing_headers = routing_headers_from_option(ctx.options.lane_routing_header)
+        if ctx.options.routing_key_scope not in ROUTING_KEY_SCOPES:
+            raise exceptions.OptionsError(f"routing_key_scope={ctx.options.routing_key_scope!r}: not one of {', '.join(ROUTING_KEY_SCOPES)}")
 
     def running(self) -> None:
         exposure.warn_if_exposed(ctx.options)
@@ -193,8 +217,13 @@ class StripBilling:
         if result.changes:
             append_comment(flow, "normalized: " + "; ".join(notes["changes"]))
         flow.metadata[FLOW_NOTES] = notes
-        if ctx.options.lane_routing_header:
-            flow.request.headers[ctx.options.lane_routing_header] = routing_key(result.body, result.api)
+        strict = [change for change in result.changes if change.rule == normalize.STRICT_ROUTER]
+        if strict:
+            logger.info("strict_router_body: " + "; ".join(map(str, strict)))
+        if self.routing_headers:
+            key = routing_key(result.body, result.api, flow.request.headers, ctx.options.routing_key_scope)
+            for name in self.routing_headers:
+                flow.request.headers[name] = key
         if ctx.options.prefix_diagnosis:
             flow.metadata[PENDING_DIAGNOSIS] = result
 

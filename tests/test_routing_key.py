@@ -113,3 +113,38 @@ def test_the_header_reaches_the_upstream_through_a_real_proxy(tmp_path):
     arrived = [json.loads(line) for line in record.read_text().splitlines()]
     keys = [entry["headers"].get(HEADER) for entry in arrived if entry["path"].startswith("/v1/messages")]
     assert keys[0] == keys[1] == forwarded_key(claude_code.main_request()) and keys[2] != keys[0]
+
+
+def test_the_lane_scope_gives_each_subagent_instance_a_key_of_its_own():
+    body = claude_code.modern_subagent_request("explore")
+    normalize.normalize(body, "anthropic", normalize.Rules())
+    first, second = (routing_key(body, "anthropic", claude_code.agent_headers(agent_id), scope="lane") for agent_id in ("a1b2c3d4e5", "f6e7d8c9b0"))
+    assert first != second
+
+
+def test_the_head_scope_keeps_a_fan_outs_instances_together():
+    body = claude_code.modern_subagent_request("explore")
+    normalize.normalize(body, "anthropic", normalize.Rules())
+    keys = {routing_key(body, "anthropic", claude_code.agent_headers(agent_id)) for agent_id in ("a1b2c3d4e5", "f6e7d8c9b0")}
+    assert len(keys) == 1
+
+
+def test_the_lane_scope_leaves_the_main_agents_key_its_heads():
+    body = claude_code.modern_request()
+    normalize.normalize(body, "anthropic", normalize.Rules())
+    assert routing_key(body, "anthropic", claude_code.agent_headers(), scope="lane") == routing_key(body, "anthropic")
+
+
+def test_the_key_goes_out_under_every_header_the_option_names():
+    addon = StripBilling()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, lane_routing_header="x-smg-routing-key, x-session-id")
+        flow = request_flow(claude_code.main_request())
+        addon.request(flow)
+    assert flow.request.headers["x-smg-routing-key"] == flow.request.headers["x-session-id"] == forwarded_key(claude_code.main_request())
+
+
+def test_an_unknown_key_scope_is_refused():
+    addon = StripBilling()
+    with taddons.context(addon) as tctx, pytest.raises(exceptions.OptionsError, match="routing_key_scope='user'"):
+        tctx.configure(addon, routing_key_scope="user")
