@@ -46,6 +46,13 @@ def test_smg_checks_health_at_the_interval_asked_for_in_whole_seconds():
     assert argv_after(config, "--health-check-endpoint") == ["/health"]
 
 
+def test_smg_serves_its_metrics_on_the_routers_host_and_the_port_given():
+    """Left to itself smg binds 0.0.0.0:29000: beyond loopback, and a second smg on the machine fails to start."""
+    config = router_config("smg", REPLICAS, port=30000, metrics_port=30001)
+    assert argv_after(config, "--prometheus-host") == ["127.0.0.1"]
+    assert argv_after(config, "--prometheus-port") == ["30001"]
+
+
 def test_vllm_router_hashes_x_session_id():
     config = router_config("vllm-router", REPLICAS, port=30001)
     assert argv_after(config, "--policy") == ["consistent_hash"]

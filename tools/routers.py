@@ -134,7 +134,7 @@ def check_replicas(replica_urls: Sequence[str]) -> list[tuple[str, int]]:
 
 
 def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: str = "key", key_header: str | None = None,
-                  health_interval_s: float = 1.0, host: str = LOOPBACK) -> RouterConfig:
+                  health_interval_s: float = 1.0, host: str = LOOPBACK, metrics_port: int | None = None) -> RouterConfig:
     """The command line (and config file) that runs `kind` on `host:port` before `replica_urls`.
 
     `key_header`: the header holding our key (default: the one the router reads unless told,
@@ -153,7 +153,7 @@ def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: 
     used_header = header if policy == "key" else None
     binary = str(expected_binary(kind))
     if kind == "smg":
-        return RouterConfig(kind, tuple(smg_argv(binary, replica_urls, host, port, policy, header, health_interval_s)), port, used_header)
+        return RouterConfig(kind, tuple(smg_argv(binary, replica_urls, host, port, policy, header, health_interval_s, metrics_port)), port, used_header)
     if kind == "vllm-router":
         return RouterConfig(kind, tuple(vllm_router_argv(binary, replica_urls, host, port, policy, health_interval_s)), port, used_header)
     text = haproxy_config(places, host, port, policy, header, health_interval_s)
@@ -170,12 +170,18 @@ def _whole_seconds(seconds: float) -> str:
     return str(max(1, round(seconds)))
 
 
-def smg_argv(binary: str, replica_urls: Sequence[str], host: str, port: int, policy: str, header: str, health_interval_s: float) -> list[str]:
+def smg_argv(binary: str, replica_urls: Sequence[str], host: str, port: int, policy: str, header: str, health_interval_s: float,
+             metrics_port: int | None = None) -> list[str]:
     smg_policy = {"key": "consistent_hashing", "round_robin": "round_robin", "prefix": "cache_aware"}[policy]
     argv = [binary, "launch", "--host", host, "--port", str(port), "--worker-urls", *replica_urls, "--policy", smg_policy,
             "--health-check-endpoint", "/health", "--health-check-interval-secs", _whole_seconds(health_interval_s),
             "--health-failure-threshold", str(HEALTH_FALL), "--health-success-threshold", str(HEALTH_RISE),
-            "--retry-max-retries", str(RETRIES + 1)]
+            "--retry-max-retries", str(RETRIES + 1),
+            # Its metrics server binds 0.0.0.0:29000 unless told: beyond the router's host, and a second smg on
+            # one machine (a test beside a bench) fails to start.
+            "--prometheus-host", host]
+    if metrics_port is not None:
+        argv += ["--prometheus-port", str(metrics_port)]
     if policy == "key":
         argv += ["--routing-key-headers", header]
     return argv
@@ -237,7 +243,8 @@ def running_router(kind: str, replica_urls: Sequence[str], *, policy: str = "key
     also on failure); ready when a `/health` through it is answered."""
     binary = router_binary(kind)
     port = port or free_port()
-    config = router_config(kind, replica_urls, port=port, policy=policy, key_header=key_header, health_interval_s=health_interval_s)
+    config = router_config(kind, replica_urls, port=port, policy=policy, key_header=key_header, health_interval_s=health_interval_s,
+                           metrics_port=free_port() if kind == "smg" else None)
     command = [str(binary), *config.command(log_dir / f"{kind}-{port}")[1:]]
     with running(kind, command, port=port, log_dir=log_dir, ready=lambda: http_ok(f"http://{LOOPBACK}:{port}/health"),
                  startup_timeout=STARTUP_TIMEOUT_S) as server:
