@@ -305,7 +305,8 @@ class Replayer:
     engine's order of preference among usage, stats and its log.
     `prompt_tokens_of(request)`, the prompt size the engine will see (None where
     it is not rendered: then the size its usage reports), lets the log lines of
-    concurrent requests be told apart.
+    concurrent requests be told apart. `on_answered(request)` is called as each
+    request's answer ends (within a step too: the team bench's failover counts them).
     """
 
     def __init__(
@@ -320,8 +321,9 @@ class Replayer:
         protocol: str = "anthropic",
         prompt_tokens_of: Callable[[Request], int | None] | None = None,
         reuse_sources: tuple[str, ...] = REUSE_SOURCES,
+        on_answered: Callable[[Request], None] | None = None,
     ):
-        self.sender = _Sender(base_url, CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH, max_tokens, model, protocol)
+        self.sender = _Sender(base_url, CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH, max_tokens, model, protocol, on_answered)
         self.server_url = server_url or base_url
         self.server_lines, self.proxy_lines = LogFollower(server_log), LogFollower(proxy_log)
         self.prompt_tokens_of = prompt_tokens_of
@@ -421,15 +423,19 @@ def instances(group: list[Request]) -> list[list[Request]]:
 
 
 class _Sender:
-    def __init__(self, base_url: str, path: str, max_tokens: int | str, model: str | None, protocol: str):
-        self.base_url, self.path, self.model, self.protocol = base_url, path, model, protocol
+    def __init__(self, base_url: str, path: str, max_tokens: int | str, model: str | None, protocol: str,
+                 on_answered: Callable[[Request], None] | None = None):
+        self.base_url, self.path, self.model, self.protocol, self.on_answered = base_url, path, model, protocol, on_answered
         self.max_tokens = max_tokens_policy(max_tokens)  # a bad policy fails here, not mid-replay
         self.started = time.perf_counter()
 
     def send(self, request: Request, on_sent: Callable[[], None] | None = None) -> tuple[float, Reply]:
         body = for_client(request, max_tokens=max_tokens_for(request, self.max_tokens), model=self.model, protocol=self.protocol)
         started_s = time.perf_counter() - self.started
-        return started_s, post_streamed(self.base_url, self.path, body, headers=request.headers, on_sent=on_sent)
+        reply = post_streamed(self.base_url, self.path, body, headers=request.headers, on_sent=on_sent)
+        if self.on_answered:
+            self.on_answered(request)
+        return started_s, reply
 
 
 def _diagnosis_line(lines: list[str]) -> str | None:

@@ -69,20 +69,25 @@ from stable_prefix.tools.servers import REPO_ROOT, Server, free_port, http_ok, m
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model-bench"
 DEFAULT_OUT, QUICK_OUT = REPO_ROOT / "bench" / "results" / "team", REPO_ROOT / "build" / "bench-team-quick"
+DEFAULT_LOGS = REPO_ROOT / "build" / "bench-team-logs"
 # The QUICK size of make bench (a ~2.1K-token main prefix): prefill, not the prompt's size, is what moves.
 SCALE = 0.04
-# The first requests of each session: the fan-out group, the ToolSearch load, a lone subagent and the
-# new conversation after /clear (request 24, its title beside it, one more turn) are the first 27.
-DEFAULT_USERS, DEFAULT_LIMIT, QUICK_LIMIT = 4, 27, 14
+# Of each user's session, what a router must place (sized for this machine): the first conversation's
+# opening with its title beside it, the fan-out group of three Explore instances and the main turn after
+# it (0-13), the lone general-purpose subagent (17, 18), and the new conversation after /clear with its
+# title beside it and its next turn (24-26). Each request is whole on its own (its history inside), so
+# the ones left out change no prompt of these.
+SESSION_REQUESTS = (*range(14), 17, 18, 24, 25, 26)
+DEFAULT_USERS, QUICK_LIMIT = 4, 8
 # Short greedy replies: what the routers and caches do shows in prefill; the same prompt decodes the
 # same reply on every configuration, so times still compare at equal output length.
-MAX_TOKENS = 24
+MAX_TOKENS = 8
 # What the proxies send the key under: smg's header (HAProxy is configured to hash the same one).
 KEY_HEADER = "x-smg-routing-key"
 HEALTH_INTERVAL_S = 1.0
 # The failover: replica B is SIGKILLed once this share of all requests has been answered, and
 # started again (same port, same directory, no warm-up) once this share has.
-KILL_AT, RESTART_AT = 0.35, 0.65
+KILL_AT, RESTART_AT = 0.35, 0.6
 BALANCE_LIMIT, ALONE_LIMIT, ROUND_ROBIN_LIMIT, MOVED_REUSE_TARGET = 1.5, 1.05, 0.5, 0.90
 _PLANNED = re.compile(r"prefix cache (?:HIT|MISS): (\d+) prompt tokens, (\d+) reused")
 _DISK_LOAD = re.compile(r"disk cache: loaded (\d+) tokens")
@@ -96,6 +101,7 @@ class TeamConfiguration:
     policy: str = "key"  # key (consistent hashing on our key), round_robin, prefix (the router's prefix-text policy)
     key_scope: str = "head"  # head: one key per lane head; lane: one per lane (each subagent instance its own)
     failover: bool = False  # replica B is SIGKILLed mid-run and started again later
+    shared_dir: bool = True  # the replicas share one --prefix-cache-dir (False: each its own)
 
     @property
     def replicas(self) -> int:
@@ -107,12 +113,14 @@ CONFIGURATIONS = (
     TeamConfiguration("key-haproxy", "consistent hashing on our head key, HAProxy", "haproxy"),
     TeamConfiguration("lane-key-smg", "consistent hashing on a per-lane key, smg", "smg", key_scope="lane"),
     TeamConfiguration("round-robin", "round-robin, smg", "smg", policy="round_robin"),
+    # What the shared directory is worth to a router that ignores the cache.
+    TeamConfiguration("round-robin-own-dirs", "round-robin, smg, each replica its own --prefix-cache-dir", "smg", policy="round_robin", shared_dir=False),
     TeamConfiguration("prefix-smg", "smg's prefix-text policy (cache_aware)", "smg", policy="prefix"),
     TeamConfiguration("alone", "one replica alone, no router", None),
     TeamConfiguration("failover-haproxy", "head key, HAProxy; replica B SIGKILLed mid-run, restarted later", "haproxy", failover=True),
 )
-# Alone and the key configurations first: the comparisons every target needs.
-DEFAULT_CONFIGS = "alone,key-haproxy,key-smg,lane-key-smg,round-robin,prefix-smg,failover-haproxy"
+# Alone, the key and the failover first: the comparisons every target needs; the failover reads key-haproxy.
+DEFAULT_CONFIGS = "alone,key-haproxy,failover-haproxy,key-smg,lane-key-smg,round-robin,prefix-smg,round-robin-own-dirs"
 QUICK_CONFIGS = "alone,key-haproxy,round-robin,failover-haproxy"
 ALONE = "alone"
 
@@ -125,15 +133,17 @@ def configuration(key: str) -> TeamConfiguration:
 
 
 def team_sessions(users: int, limit: int | None, scale: float = SCALE) -> dict[str, list[Request]]:
-    """{user: their session's first `limit` requests}; user n replays seed n (their own project and heads)."""
-    return {f"u{n}": generate_session(seed=n, scale=scale)[:limit] for n in range(1, users + 1)}
+    """{user: the first `limit` of their session's SESSION_REQUESTS}; user n replays seed n (their own project and heads)."""
+    return {f"u{n}": [generate_session(seed=n, scale=scale)[index] for index in SESSION_REQUESTS][:limit] for n in range(1, users + 1)}
 
 
 def key_options(config: TeamConfiguration) -> dict[str, object]:
     """The proxy options that put our key on each request (none where no router reads one)."""
     if config.router is None:
         return {}
-    return {"lane_routing_header": KEY_HEADER, "routing_key_scope": config.key_scope}
+    # strict_router_body: what a team's proxy before smg sends (the bench's bodies carry nothing it drops); "true", as
+    # mitmproxy spells a bool on its command line ("True" leaves every option of the script unset, silently).
+    return {"lane_routing_header": KEY_HEADER, "routing_key_scope": config.key_scope, "strict_router_body": "true"}
 
 
 # -- the replicas ---------------------------------------------------------------------------
@@ -190,15 +200,18 @@ class TeamStack:
 
 @contextlib.contextmanager
 def team_stack(config: TeamConfiguration, users: list[str], model_dir: Path, log_dir: Path) -> Iterator[TeamStack]:
-    """The replicas (one shared, empty `--prefix-cache-dir`), the router, and one proxy per user;
+    """The replicas (one shared, empty `--prefix-cache-dir`, or one each), the router, and one proxy per user;
     everything stops on exit, also on error or Ctrl-C."""
     with contextlib.ExitStack() as stack:
-        shared_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"stable-prefix-team-{config.key}-cache-")))
+        def cache_dir() -> str:
+            return stack.enter_context(tempfile.TemporaryDirectory(prefix=f"stable-prefix-team-{config.key}-cache-"))
+
+        shared_dir = cache_dir()
         replicas = []
         for letter in "AB"[: config.replicas]:
             home = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"stable-prefix-team-{config.key}-{letter}-home-"))
             port = free_port()
-            command = engine_command(PRODUCT, model_dir, port, ["--prefix-cache-dir", str(shared_dir)])
+            command = engine_command(PRODUCT, model_dir, port, ["--prefix-cache-dir", shared_dir if config.shared_dir else cache_dir()])
             env = {**UNBUFFERED, **QUEUE_CONCURRENT_REQUESTS, "HOME": home}
             replicas.append(Replica(f"{config.key}-replica-{letter}", port, command, env, log_dir, stack))
         for replica in replicas:
@@ -256,11 +269,10 @@ def replay_team(stack: TeamStack, sessions: dict[str, list[Request]], *, failove
     finished = threading.Event()
 
     def run_user(user: str) -> None:
-        replayer = Replayer(stack.proxies[user].url, reuse_sources=("usage",), max_tokens=max_tokens)
+        replayer = Replayer(stack.proxies[user].url, reuse_sources=("usage",), max_tokens=max_tokens, on_answered=lambda request: progress.add(1))
         replayer.sender.started = started  # every user's times on one clock
         for step in steps(sessions[user]):
             results[user] += replayer.step(step)
-            progress.add(len(step))
 
     def fail_and_return(replica: Replica) -> None:
         if not progress.wait_for(KILL_AT, finished):
@@ -291,6 +303,17 @@ def is_lost(reply) -> bool:
     return reply.status != 200 or reply.error is not None or reply.stop_reason is None
 
 
+def loss_kind(reply) -> str | None:
+    """Why a request counts as lost: `refused` (no 200: the connection failed, or an error status),
+    `error event` (a stream ended with the protocol's error event: cut, and told so), `cut` (ended
+    without its reply's end and without an error event: cut silently); None when it was answered."""
+    if reply.status != 200:
+        return "refused"
+    if reply.error is not None:
+        return "error event"
+    return "cut" if reply.stop_reason is None else None
+
+
 def rows_of(user: str, measured: list[Measured], round_number: int) -> list[Row]:
     """One row per request, in the user's sending order, marked cold/warm within the user's session."""
     rows = []
@@ -308,6 +331,7 @@ def rows_of(user: str, measured: list[Measured], round_number: int) -> list[Row]
             "status": reply.status,
             "error": reply.error,
             "lost": is_lost(reply),
+            "loss": loss_kind(reply),
             "prompt_tokens": result.prompt_tokens,
             "reused_tokens": result.reused_tokens,
             "prefilled_tokens": None if result.reused_tokens is None else result.prompt_tokens - result.reused_tokens,
@@ -388,7 +412,8 @@ def configuration_result(config: TeamConfiguration, rows: list[Row], replicas: l
         "key_scope": config.key_scope if config.router else None, "failover": config.failover,
         "requests": len(rows),
         "requests_lost": sum(row["lost"] for row in rows),
-        "lost": [{"index": row["index"], "lane": row["lane"], "status": row["status"], "error": row["error"]} for row in rows if row["lost"]],
+        "lost_by_kind": dict(Counter(row["loss"] for row in rows if row["lost"])),
+        "lost": [{"index": row["index"], "lane": row["lane"], "status": row["status"], "loss": row["loss"], "error": row["error"]} for row in rows if row["lost"]],
         "tokens_prefilled": summary["tokens_prefilled"],
         "tokens_reused": summary["tokens_reused"],
         "prompt_tokens": summary["prompt_tokens"],
@@ -459,7 +484,7 @@ def targets(results: dict[str, dict[str, Any]], users: int) -> list[dict[str, An
     def target(name: str, value: float | None, limit: float, met: bool | None, detail: str) -> None:
         found.append({"target": name, "value": value, "limit": limit, "met": met, "detail": detail})
 
-    alone, round_robin = results.get(ALONE), results.get("round-robin")
+    alone = results.get(ALONE)
     for key in ("key-smg", "key-haproxy", "lane-key-smg"):
         if key not in results:
             continue
@@ -468,10 +493,11 @@ def targets(results: dict[str, dict[str, Any]], users: int) -> list[dict[str, An
             ratio = share(prefilled, alone["tokens_prefilled"])
             target(f"{key}: tokens prefilled <= {ALONE_LIMIT}x one replica alone", ratio, ALONE_LIMIT, None if ratio is None else ratio <= ALONE_LIMIT,
                    f"{prefilled} against {alone['tokens_prefilled']}")
-        if round_robin:
-            ratio = share(prefilled, round_robin["tokens_prefilled"])
-            target(f"{key}: tokens prefilled <= {ROUND_ROBIN_LIMIT}x round-robin", ratio, ROUND_ROBIN_LIMIT,
-                   None if ratio is None else ratio <= ROUND_ROBIN_LIMIT, f"{prefilled} against {round_robin['tokens_prefilled']}")
+        for spread in ("round-robin", "round-robin-own-dirs"):
+            if spread in results:
+                ratio = share(prefilled, results[spread]["tokens_prefilled"])
+                target(f"{key}: tokens prefilled <= {ROUND_ROBIN_LIMIT}x {spread}", ratio, ROUND_ROBIN_LIMIT,
+                       None if ratio is None else ratio <= ROUND_ROBIN_LIMIT, f"{prefilled} against {results[spread]['tokens_prefilled']}")
         balance = results[key]["balance"]
         if users >= 4:
             target(f"{key}: no replica serves more than {BALANCE_LIMIT}x the other's requests", balance, BALANCE_LIMIT,
@@ -510,42 +536,51 @@ def commit() -> str | None:
 
 
 def run(config_keys: list[str], users: int, limit: int | None, model_dir: Path, log_dir: Path, rounds: int = 1, max_tokens: int | str = MAX_TOKENS,
-        on_result: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every configuration of `config_keys` on fresh stacks, in that order, then (rounds=2) in the reverse order."""
+        on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every configuration of `config_keys` on fresh stacks, in that order, then (rounds=2) in the reverse order;
+    `on_result` gets the result so far after each configuration."""
     configs = [configuration(key) for key in config_keys]
     sessions = team_sessions(users, limit)
     began = datetime.datetime.now(datetime.UTC)
-    results: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
     rows: dict[str, list[Row]] = {}
     for round_number in range(1, rounds + 1):
         for config in configs if round_number % 2 else list(reversed(configs)):
             result, config_rows = run_configuration(config, sessions, model_dir, log_dir, round_number, max_tokens)
-            results.setdefault(config.key, []).append(result)
+            runs.setdefault(config.key, []).append(result)
             rows.setdefault(config.key, []).extend(config_rows)
             if on_result:
-                on_result(config.key)
-    first = {key: runs[0] for key, runs in results.items()}
-    for key, runs in results.items():
+                on_result(assembled(runs, rows, sessions, began, model_dir, max_tokens, rounds, config_keys))
+    return assembled(runs, rows, sessions, began, model_dir, max_tokens, rounds, config_keys)
+
+
+def assembled(runs: dict[str, list[dict[str, Any]]], rows: dict[str, list[Row]], sessions: dict[str, list[Request]], began: datetime.datetime,
+              model_dir: Path, max_tokens: int | str, rounds: int, config_keys: list[str]) -> dict[str, Any]:
+    """The result of the configurations run so far: each one's first round, with what compares it to others."""
+    first = {key: config_runs[0] for key, config_runs in runs.items()}
+    for key, config_runs in runs.items():
         if key != ALONE and ALONE in rows:
             first[key]["paired_against_alone"] = {
                 "warm_ttft": paired_ratio(rows[key], rows[ALONE], "ttft_s")["all"],
                 "warm_turn": paired_ratio(rows[key], rows[ALONE], "total_s")["all"],
             }
-        first[key]["rounds"] = [{k: run_result[k] for k in ("tokens_prefilled", "requests_lost", "balance", "warm_ttft_median_s")} for run_result in runs]
+        first[key]["rounds"] = [{k: run_result[k] for k in ("tokens_prefilled", "requests_lost", "balance", "warm_ttft_median_s")} for run_result in config_runs]
     if "failover-haproxy" in first:
         first["failover-haproxy"]["moved"]["against_undisturbed"] = compare_moved(first["failover-haproxy"], rows, "key-haproxy")
+    users = len(sessions)
     return {
         "generated_at": began.strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit(),
         "machine": {"cpu": cpu_description(), "platform": platform.platform()},
         "model": model_description(model_dir),
-        "team": {"users": users, "requests_per_user": {user: len(requests) for user, requests in sessions.items()}, "scale": SCALE,
+        "team": {"users": users, "requests_per_user": {user: len(requests) for user, requests in sessions.items()},
+                 "session_requests": [request.index for request in next(iter(sessions.values()))], "scale": SCALE,
                  "max_tokens": max_tokens, "key_header": KEY_HEADER, "health_interval_s": HEALTH_INTERVAL_S, "kill_at": KILL_AT, "restart_at": RESTART_AT,
                  "rounds": rounds, "order": config_keys},
         "configurations": first,
         "key_decision": key_decision(first, rows),
         "targets": targets(first, users),
-        "rows": {key: config_rows for key, config_rows in rows.items()},
+        "rows": dict(rows),
     }
 
 
@@ -554,10 +589,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_LIMIT} requests per user, configurations {QUICK_CONFIGS} -> {QUICK_OUT}")
     parser.add_argument("--configs", help=f"comma-separated keys (default {DEFAULT_CONFIGS})")
     parser.add_argument("--users", type=int, default=DEFAULT_USERS, help="K, the users replayed at once (default %(default)s)")
-    parser.add_argument("--limit", type=int, help=f"requests per user (default {DEFAULT_LIMIT}; --quick {QUICK_LIMIT})")
+    parser.add_argument("--limit", type=int, help=f"requests per user (default all {len(SESSION_REQUESTS)}; --quick {QUICK_LIMIT})")
     parser.add_argument("--rounds", type=int, default=1, help="1: each configuration once; 2: the order, then reversed (default %(default)s)")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--out", type=Path, help=f"results folder (default {DEFAULT_OUT}; --quick {QUICK_OUT})")
+    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="the servers' logs (default %(default)s)")
     args = parser.parse_args(argv)
     if args.users < 1:
         parser.error(f"--users {args.users}: at least one user")
@@ -572,10 +608,10 @@ def main(argv: list[str] | None = None) -> int:
     keys = (args.configs or (QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)).split(",")
     for key in keys:
         configuration(key)  # an unknown key fails before anything starts
-    limit = args.limit or (QUICK_LIMIT if args.quick else DEFAULT_LIMIT)
-    log_dir = REPO_ROOT / "build" / "bench-team-logs"
+    limit = args.limit or (QUICK_LIMIT if args.quick else None)
     with stop_servers_on_sigterm():
-        result = run(keys, args.users, limit, args.model, log_dir, rounds=args.rounds)
+        # The report so far is written after each configuration: a run stopped early keeps what it measured.
+        result = run(keys, args.users, limit, args.model, args.logs, rounds=args.rounds, on_result=lambda partial: team_report.write(partial, out))
     for path in team_report.write(result, out):
         print(f"wrote {path}")
     print(team_report.markdown(result))

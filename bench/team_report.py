@@ -90,7 +90,9 @@ def failover_lines(result: dict[str, Any]) -> list[str]:
         f"they reused {_tokens(moved['reused_tokens'])} of their {_tokens(moved['prompt_tokens'])} prompt tokens ({_share(moved['reuse_of_prompt'])}; "
         f"the lowest {_share(moved['lowest_reuse_of_prompt'])})",
         "- disk restores logged: " + " / ".join(f"{name} {figures['disk_loads']}" for name, figures in config["replicas"].items()),
-        f"- requests lost: {config['requests_lost']}" + "".join(f"\n  - {lost['index']} {lost['lane']}: status {lost['status']}, {lost['error']}" for lost in config["lost"]),
+        f"- requests lost: {config['requests_lost']} ({json.dumps(config['lost_by_kind'])}; refused: no answer, error event: a stream cut and ended "
+        "with the protocol's error event, cut: a stream cut silently)"
+        + "".join(f"\n  - {lost['index']} {lost['lane']}: {lost['loss']}, status {lost['status']}, {lost['error']}" for lost in config["lost"]),
     ]
     if against:
         lines.append(f"- the same {against['requests']} requests in `{against['configuration']}` (no kill) reused {_tokens(against['reused_without'])} tokens; "
