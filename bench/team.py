@@ -447,6 +447,15 @@ def configuration_result(config: TeamConfiguration, rows: list[Row], replicas: l
     return result
 
 
+def moved_against_undisturbed(against: dict[str, Any] | None) -> str:
+    """What the same requests reused without the kill, as the target's detail."""
+    if not against or not against["requests"]:
+        return ""
+    return (f"; the same requests in {against['configuration']} (no kill) reused {against['reused_without']} of {against['prompt_tokens_without']} "
+            f"({share(against['reused_without'], against['prompt_tokens_without']):.1%}): the moved lanes kept "
+            f"{against['share_of_undisturbed_reuse']:.1%} of their undisturbed reuse")
+
+
 def compare_moved(failover: dict[str, Any], rows: dict[str, list[Row]], undisturbed: str) -> dict[str, Any] | None:
     """The moved requests' reuse against the same requests' in the same configuration without the kill."""
     if undisturbed not in rows:
@@ -454,11 +463,14 @@ def compare_moved(failover: dict[str, Any], rows: dict[str, list[Row]], undistur
     theirs = {row["index"].split("/", 1)[1]: row for row in rows[undisturbed]}
     pairs = [(row, theirs.get(row["index"].split("/", 1)[1])) for row in rows[failover["key"]] if row["index"] in failover["moved"]["rows"]]
     known = [(mine, other) for mine, other in pairs if other and other["reused_tokens"] is not None]
+    with_failover, without = sum(mine["reused_tokens"] for mine, _ in known), sum(other["reused_tokens"] for _, other in known)
     return {
         "configuration": undisturbed,
         "requests": len(known),
-        "reused_with_failover": sum(mine["reused_tokens"] for mine, _ in known),
-        "reused_without": sum(other["reused_tokens"] for _, other in known),
+        "prompt_tokens_without": sum(other["prompt_tokens"] for _, other in known),
+        "reused_with_failover": with_failover,
+        "reused_without": without,
+        "share_of_undisturbed_reuse": share(with_failover, without),
     }
 
 
@@ -507,7 +519,8 @@ def targets(results: dict[str, dict[str, Any]], users: int) -> list[dict[str, An
         moved = failover["moved"]
         target(f"failover: the moved lanes reuse >= {MOVED_REUSE_TARGET:.0%} of their prompt", moved["reuse_of_prompt"], MOVED_REUSE_TARGET,
                None if moved["reuse_of_prompt"] is None else moved["reuse_of_prompt"] >= MOVED_REUSE_TARGET,
-               f"{moved['requests']} moved requests: {moved['reused_tokens']} of {moved['prompt_tokens']} prompt tokens reused")
+               f"{moved['requests']} moved requests: {moved['reused_tokens']} of {moved['prompt_tokens']} prompt tokens reused"
+               + moved_against_undisturbed(moved.get("against_undisturbed")))
     lost = sum(result["requests_lost"] for result in results.values())
     target("0 requests lost (every configuration)", lost, 0, lost == 0, json.dumps({key: result["requests_lost"] for key, result in results.items()}))
     return found

@@ -95,8 +95,9 @@ def failover_lines(result: dict[str, Any]) -> list[str]:
         + "".join(f"\n  - {lost['index']} {lost['lane']}: {lost['loss']}, status {lost['status']}, {lost['error']}" for lost in config["lost"]),
     ]
     if against:
-        lines.append(f"- the same {against['requests']} requests in `{against['configuration']}` (no kill) reused {_tokens(against['reused_without'])} tokens; "
-                     f"with the failover {_tokens(against['reused_with_failover'])}")
+        lines.append(f"- the same {against['requests']} requests in `{against['configuration']}` (no kill) reused {_tokens(against['reused_without'])} "
+                     f"of their {_tokens(against['prompt_tokens_without'])} prompt tokens; with the failover {_tokens(against['reused_with_failover'])} "
+                     f"({_share(against['share_of_undisturbed_reuse'])} of the undisturbed reuse)")
     return lines
 
 
