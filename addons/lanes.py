@@ -236,8 +236,12 @@ def routing_key(body: dict, api: Api, headers: Mapping[str, str] | None = None, 
 
 
 def _leading_context(body: dict, api: Api) -> list:
-    """The messages before the conversation proper: user messages whose every
-    text is a `<system-reminder>`, up to the first other message."""
+    """The texts of the messages before the conversation proper: user messages
+    whose every text is a `<system-reminder>`, up to the first other message.
+    Texts, not the content as sent: Claude Code marks its newest message with
+    `cache_control`, so on a conversation's first turn the environment message
+    arrives as a marked block list and later as the same words (the key of a
+    first turn and its second then differed, and a router moved the lane)."""
     leading = []
     for message in conversation(body, api) or []:
         if not isinstance(message, dict) or message.get("role") != "user":
@@ -246,9 +250,7 @@ def _leading_context(body: dict, api: Api) -> list:
         texts = _texts(content)
         if not texts or not all(isinstance(text, str) and text.startswith("<system-reminder>") for text in texts):
             break
-        # Its texts, not its shape: the newest message is a block list with the cache marker, the same
-        # message is a plain string once older (Claude Code flattens it), and the model reads one text.
-        leading.append(texts)
+        leading.append(texts)  # the words only: a string and one text block read the same, a cache marker nothing
     return leading
 
 

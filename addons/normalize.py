@@ -74,7 +74,9 @@ Compatibility rules (not about the prefix; a self-hosted server needs them):
                    `temperature: 1.0` on a request without one, where the
                    engine would sample at its own default: the rule writes
                    that default (`ENGINE_DEFAULT_TEMPERATURE`) so the router
-                   changes nothing.
+                   changes nothing; and it refuses top-level fields outside
+                   its schema: those the engine ignores too go (Codex's
+                   `client_metadata`), one the engine reads stays.
 """
 
 from __future__ import annotations
@@ -114,6 +116,17 @@ MAX_TOKENS = "max_tokens"
 STRICT_ROUTER = "strict_router"
 # What vllm-mlx 0.6.0 reads of an Anthropic message (`api/anthropic_models.py: AnthropicMessage`); the rest is ignored.
 STRICT_ROUTER_MESSAGE_FIELDS = ("role", "content")
+# What vllm-mlx 0.6.0 reads of a Responses request (`api/responses_models.py: ResponsesRequest`).
+ENGINE_RESPONSES_FIELDS = ("model", "input", "instructions", "max_output_tokens", "stream", "tools", "tool_choice",
+                           "parallel_tool_calls", "previous_response_id", "temperature", "top_p", "chat_template_kwargs",
+                           "metadata", "text", "reasoning", "store", "truncation", "user")
+# The top-level fields smg 1.13's Responses schema accepts (its 400 lists them); any other is refused.
+STRICT_ROUTER_RESPONSES_FIELDS = ("include", "background", "input", "instructions", "max_output_tokens", "max_tool_calls", "metadata",
+                                  "model", "conversation", "parallel_tool_calls", "previous_response_id", "reasoning", "service_tier",
+                                  "store", "stream", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "text",
+                                  "user", "request_id", "priority", "frequency_penalty", "presence_penalty", "stop", "prompt",
+                                  "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "stream_options",
+                                  "context_management", "top_k", "min_p", "repetition_penalty")
 # vllm-mlx 0.6.0's temperature for a request without one (`server.py: _FALLBACK_TEMPERATURE`; a replica's
 # --default-temperature replaces it: then set the same temperature in the client).
 ENGINE_DEFAULT_TEMPERATURE = 0.7
@@ -964,10 +977,7 @@ def cap_max_tokens(body: dict, cap: int) -> list[Change]:
 def fit_strict_router(body: dict, api: Api) -> list[Change]:
     """What a strict router refuses or rewrites, made to change nothing the engine reads (the module docstring)."""
     if api == "responses":
-        if "temperature" in body:
-            return []
-        body["temperature"] = ENGINE_DEFAULT_TEMPERATURE
-        return [Change(STRICT_ROUTER, "temperature", f"set to the engine's default {ENGINE_DEFAULT_TEMPERATURE} (smg would set 1.0)")]
+        return _fit_strict_responses(body)
     if api != "anthropic":
         return []
     changes = []
@@ -984,6 +994,22 @@ def fit_strict_router(body: dict, api: Api) -> list[Change]:
     if isinstance(budget, int) and isinstance(max_tokens, int) and budget >= max_tokens:
         del body["thinking"]
         changes.append(Change(STRICT_ROUTER, "thinking", f"dropped (budget_tokens {budget} >= max_tokens {max_tokens}; the engine ignores thinking)"))
+    return changes
+
+
+def _fit_strict_responses(body: dict) -> list[Change]:
+    """Fields smg refuses that the engine ignores go (Codex's `client_metadata`); one the engine reads stays,
+    refused or not; a missing temperature becomes the engine's own default (smg would set 1.0)."""
+    changes = []
+    ignored = [field for field in body if field not in STRICT_ROUTER_RESPONSES_FIELDS and field not in ENGINE_RESPONSES_FIELDS]
+    for field in ignored:
+        del body[field]
+    if ignored:
+        changes.append(Change(STRICT_ROUTER, ignored[0] if len(ignored) == 1 else "body",
+                              f"dropped {', '.join(ignored)} (smg refuses it, the engine ignores it)"))
+    if "temperature" not in body:
+        body["temperature"] = ENGINE_DEFAULT_TEMPERATURE
+        changes.append(Change(STRICT_ROUTER, "temperature", f"set to the engine's default {ENGINE_DEFAULT_TEMPERATURE} (smg would set 1.0)"))
     return changes
 
 

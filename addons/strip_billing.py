@@ -54,6 +54,8 @@ BROKEN_PREFIX_MARK = ":warning:"
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # flow.metadata key of a request whose diagnosis waits for the upstream's answer.
 PENDING_DIAGNOSIS = "stable_prefix_pending"
+# flow.metadata key: the client's values of the headers the routing key replaced (None: it sent none).
+CLIENT_ROUTING_HEADERS = "stable_prefix_client_routing_headers"
 
 
 def is_event_stream(response: http.Response) -> bool:
@@ -66,6 +68,20 @@ def append_comment(flow: http.HTTPFlow, line: str) -> None:
 
 def prepend_comment(flow: http.HTTPFlow, line: str) -> None:
     flow.comment = f"{line}\n{flow.comment}" if flow.comment else line
+
+
+def client_headers(flow: http.HTTPFlow) -> http.Headers:
+    """The request's headers as the client sent them: the routing key's headers put back."""
+    replaced = flow.metadata.get(CLIENT_ROUTING_HEADERS)
+    if not replaced:
+        return flow.request.headers
+    headers = flow.request.headers.copy()
+    for name, value in replaced.items():
+        if value is None:
+            headers.pop(name, None)
+        else:
+            headers[name] = value
+    return headers
 
 
 def rules_from_options(options) -> normalize.Rules:
@@ -181,8 +197,8 @@ class StripBilling:
             "strict_router_body", bool, False,
             "Make bodies what a router with a strict schema (smg) accepts, dropping only fields vllm-mlx ignores: "
             "an Anthropic message's fields besides role and content (Claude Code's output_config), thinking whose "
-            "budget_tokens is not below max_tokens; a Responses request without temperature gets the engine's default "
-            "(smg would set 1.0). Each drop is logged. For a team's proxy before smg; off: bodies as the rules leave them.",
+            "budget_tokens is not below max_tokens, a Responses request's fields smg refuses and the engine ignores (Codex's "
+            "client_metadata); a Responses request without temperature gets the engine's default (smg would set 1.0). Each drop is logged. For a team's proxy before smg; off: bodies as the rules leave them.",
         )
         loader.add_option(
             engine_errors.OPTION, bool, True,
@@ -222,6 +238,8 @@ class StripBilling:
             logger.info("strict_router_body: " + "; ".join(map(str, strict)))
         if self.routing_headers:
             key = routing_key(result.body, result.api, flow.request.headers, ctx.options.routing_key_scope)
+            # The diagnosis reads the client's own headers (opencode names its sessions in x-session-id).
+            flow.metadata[CLIENT_ROUTING_HEADERS] = {name: flow.request.headers.get(name) for name in self.routing_headers}
             for name in self.routing_headers:
                 flow.request.headers[name] = key
         if ctx.options.prefix_diagnosis:
@@ -270,10 +288,10 @@ class StripBilling:
         result = flow.metadata.pop(PENDING_DIAGNOSIS, None)
         if result is None:
             return None
-        client, forwarded, changes = result.client_snapshot(flow.request.headers), result.body, result.changes
+        client, forwarded, changes = result.client_snapshot(client_headers(flow)), result.body, result.changes
         if result.api == "responses" and isinstance(result.body.get("previous_response_id"), str):
             # The server reads the stored history first: so does the diagnosis (paths shift, no segment reuse).
-            client = PromptSnapshot.of(self.chains.resolved(json.loads(result.client_body)), result.api, flow.request.headers)
+            client = PromptSnapshot.of(self.chains.resolved(json.loads(result.client_body)), result.api, client_headers(flow))
             forwarded, changes = self.chains.resolved(result.body), None
         diagnosis = self.diagnosis.observe(client, forwarded, changes=changes)
         flow.metadata[FLOW_NOTES].update(lane=diagnosis.lane, diagnosis=diagnosis.to_json())

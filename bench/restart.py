@@ -209,7 +209,7 @@ def reusable_at_best(before: list[Request], scenarios: dict[str, list[Request]],
     from stable_prefix.bench.prompt_tokens import PromptRenderer
     from stable_prefix.bench.run import as_received
     from stable_prefix.bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER
-    from stable_prefix.engine_patch.prefix_cache import common_prefix_length
+    from stable_prefix.engine_patch.cache.prefix_cache import common_prefix_length
 
     renderer = PromptRenderer(model_dir, SERVED_MODEL_NAME, TOOL_CALL_PARSER)
 
@@ -244,10 +244,10 @@ def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[st
     import numpy as np
     from mlx_lm.models.cache import KVCache
 
-    from stable_prefix.engine_patch.cache_layers import snapshot, snapshot_nbytes
-    from stable_prefix.engine_patch.disk_tier import DiskTier
-    from stable_prefix.engine_patch.model_identity import ModelIdentity
-    from stable_prefix.engine_patch.prefix_cache import CachedPrefix
+    from stable_prefix.engine_patch.cache.cache_layers import snapshot, snapshot_nbytes
+    from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix
+    from stable_prefix.engine_patch.disk.disk_tier import DiskTier
+    from stable_prefix.engine_patch.disk.model_identity import ModelIdentity
 
     shape = QWEN3_CODER_30B
     bytes_per_token = shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * shape["dtype_bytes"]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from .disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
+from stable_prefix.engine_patch.disk.disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
+
 from .install import ENGINES
 
 # The engine mode `serve` runs unless told otherwise (see docs/engine.md for the measured choice).

@@ -3,14 +3,14 @@
 The cache core (`TieredCache`: RAM with the disk tier under it, served request
 by request by a `PrefixPlanner`) knows no engine. Each engine attaches it at
 its own seams, in its own module:
-- `simple_engine.py`: SimpleEngine (one request at a time), at
+- `vllm_mlx/simple/`: SimpleEngine (one request at a time), at
   `mlx_lm.stream_generate`;
-- `batched_engine.py`: the continuous-batching scheduler (`--continuous-batching`),
+- `vllm_mlx/batched/`: the continuous-batching scheduler (`--continuous-batching`),
   where a request joins mlx-lm's `BatchGenerator` and where it leaves it.
 Both add, through the same modules: the model's identity for the disk tier
 (`mlx_lm.utils.load_model`, every way vllm-mlx loads a text model), the HTTP
-endpoints and usage fields (`http_endpoints.py`), and the per-request costs
-vllm-mlx's path repeats needlessly removed (`detokenizer_map`; see
+endpoints and usage fields (`http_api/`), and the per-request costs
+vllm-mlx's path repeats needlessly removed (`vllm_mlx/detokenizer_map.py`; see
 docs/request-path.md).
 """
 
@@ -24,11 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import admission, batched_admission, batched_engine, detokenizer_map, http_endpoints, memory_stats, simple_engine
-from .disk_tier import DiskTier
-from .prefix_cache import PrefixCache
-from .request_plan import PrefixPlanner
-from .tiered_cache import TieredCache
+from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
+from stable_prefix.engine_patch.disk.disk_tier import DiskTier
+from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
+from stable_prefix.engine_patch.http_api import admission, http_endpoints, memory_stats
+from stable_prefix.engine_patch.vllm_mlx import detokenizer_map
+from stable_prefix.engine_patch.vllm_mlx.batched import batched_admission, batched_engine
+from stable_prefix.engine_patch.vllm_mlx.simple import simple_engine
 
 logger = logging.getLogger("engine_patch")
 

@@ -40,7 +40,10 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 
 # command -> (one-line help, runner taking the remaining arguments)
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
-    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]", _main_of("stack")),
+    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]; "
+           "the proxy alone before a router or a remote engine: up --upstream URL --served-model-name NAME", _main_of("stack")),
+    "router": ("a router before several engines: router smg|haproxy|vllm-router --replica URL ... [--port 8090] [--policy key|round_robin|prefix] [--print]",
+               _main_of("router")),
     "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _main_of("claude")),
     "opencode": ("opencode against the running stack: opencode [--port 8080] [opencode arguments]", _main_of("opencode")),
     "qwen": ("Qwen Code against the running stack: qwen [--port 8080] [qwen arguments]", _main_of("qwen")),

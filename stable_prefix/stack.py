@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, session_name_now
 from stable_prefix.addons.capture_folder import claim_new_session, make_private_dirs, write_private
@@ -51,6 +52,11 @@ RESERVED_ENGINE_FLAGS = ("--host", "--port", "--served-model-name", "--max-token
 _WEB_URL = re.compile(r"Web server listening at (\S+)")
 
 
+# A team's proxy before a router (docs/scale-out.md): the key under the names smg, HAProxy and vllm-router read,
+# and bodies smg's strict schema accepts. `--set` after them wins.
+TEAM_PROXY_OPTIONS = {"lane_routing_header": "x-smg-routing-key,x-session-id", "strict_router_body": "true"}
+
+
 class StackError(Exception):
     """Something the user can fix before anything starts (a port in use, a bad flag)."""
 
@@ -71,6 +77,7 @@ class StackOptions:
     proxy_options: tuple[str, ...] = ()
     engine_args: tuple[str, ...] = ()
     startup_timeout: float = STARTUP_TIMEOUT_S
+    upstream: str | None = None  # the proxy alone, before this router or remote engine
 
     @property
     def model_name(self) -> str:
@@ -83,7 +90,11 @@ def argument_parser() -> argparse.ArgumentParser:
         description="Run the patched engine and the proxy on 127.0.0.1 until Ctrl-C.",
         epilog="Flags after `--` go to vllm-mlx, e.g. `-- --enable-auto-tool-choice --tool-call-parser qwen`.",
     )
-    parser.add_argument("model", help="a local model folder or a Hugging Face id (mlx-community/...)")
+    parser.add_argument("model", nargs="?", help="a local model folder or a Hugging Face id (mlx-community/...); with --upstream, "
+                                                 "the served model's name (or give --served-model-name)")
+    parser.add_argument("--upstream", metavar="URL",
+                        help="no local engine: the proxy alone before this router or remote engine (e.g. http://10.0.0.5:8090), "
+                             f"with the team options {' '.join(f'{k}={v}' for k, v in TEAM_PROXY_OPTIONS.items())}")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the proxy's port, where clients connect (default {DEFAULT_PORT})")
     parser.add_argument("--engine-port", type=int, help="the engine's port (default: a free one)")
     parser.add_argument("--web", action="store_true", help="run the proxy as mitmweb: every request with its diagnosis in a browser")
@@ -119,6 +130,10 @@ def parse_options(argv: list[str]) -> StackOptions:
     for option in args.proxy_options:
         if "=" not in option:
             raise StackError(f"--set {option}: expected NAME=VALUE")
+    if args.upstream:
+        return upstream_options(args, engine_args)
+    if not args.model:
+        raise StackError("a model to serve (a folder or a Hugging Face id), or --upstream URL for the proxy alone")
     if looks_like_a_path(args.model) and not Path(args.model).expanduser().is_dir():
         raise StackError(f"{args.model}: no such model folder (a Hugging Face id looks like mlx-community/NAME)")
     if args.max_tokens <= 0:
@@ -127,6 +142,22 @@ def parse_options(argv: list[str]) -> StackOptions:
                         served_model_name=args.served_model_name, max_tokens=args.max_tokens, cache_bytes=args.cache_bytes,
                         engine=args.engine, capture_dir=args.capture_dir, capture=args.capture, proxy_options=tuple(args.proxy_options),
                         engine_args=tuple(engine_args))
+
+
+def upstream_options(args: argparse.Namespace, engine_args: list[str]) -> StackOptions:
+    """`up --upstream URL`: no engine here, so no engine flags; the model's name is what the upstream serves."""
+    if engine_args:
+        raise StackError(f"{' '.join(engine_args)}: engine flags, but --upstream starts no engine (give them to `stable-prefix serve`)")
+    parts = urlsplit(args.upstream)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise StackError(f"--upstream {args.upstream}: expected http://HOST:PORT (the router's or the engine's base URL)")
+    name = args.served_model_name or args.model
+    if not name:
+        raise StackError("--upstream: name the model the upstream serves (--served-model-name NAME, as its /v1/models lists it)")
+    return StackOptions(model=name, port=args.port, web=args.web, web_port=args.web_port, served_model_name=name,
+                        max_tokens=args.max_tokens, capture_dir=args.capture_dir, capture=args.capture,
+                        proxy_options=tuple(f"{k}={v}" for k, v in TEAM_PROXY_OPTIONS.items()) + tuple(args.proxy_options),
+                        upstream=args.upstream.rstrip("/"))
 
 
 # --- before anything starts -----------------------------------------------------------------------
@@ -218,10 +249,13 @@ def client_instructions(options: StackOptions, proxy_url: str) -> str:
     )
 
 
-def print_ready(options: StackOptions, engine: Server, proxy: Server, session_dir: Path, web: str | None) -> None:
+def print_ready(options: StackOptions, engine: Server | None, proxy: Server, session_dir: Path, web: str | None) -> None:
     print(f"\nstable-prefix: ready. The model {options.model} is served as {options.model_name!r}.")
     print(f"  proxy     {proxy.url}   (clients connect here)   log {proxy.log_path}")
-    print(f"  engine    {engine.url}   ({options.engine} engine; cache stats: {engine.url}/v1/cache/stats)   log {engine.log_path}")
+    if engine is None:
+        print(f"  upstream  {options.upstream}   (a router or a remote engine; no engine here; the key and strict bodies on)")
+    else:
+        print(f"  engine    {engine.url}   ({options.engine} engine; cache stats: {engine.url}/v1/cache/stats)   log {engine.log_path}")
     if options.web:
         print(f"  mitmweb   {web or '(its address with the access token is in the proxy log)'}")
     if options.capture:
@@ -260,15 +294,15 @@ def watch(servers: list[Server], follower: CaptureFollower | LogFollower) -> int
             returncode = server.process.poll()
             if returncode is not None:
                 others = " and ".join(other.name for other in servers if other is not server)
-                print(f"\nstable-prefix: the {server.name} {exit_description(returncode)}; stopping the {others}. "
+                print(f"\nstable-prefix: the {server.name} {exit_description(returncode)}{f'; stopping the {others}' if others else ''}. "
                       f"Last lines of {server.log_path}:\n{log_tail(server)}", file=sys.stderr, flush=True)
                 return 1
         time.sleep(POLL_S)
 
 
 def run(options: StackOptions) -> int:
-    engine_port = options.engine_port or free_port()
-    ports = {"proxy": options.port, "engine": engine_port}
+    engine_port = None if options.upstream else options.engine_port or free_port()
+    ports = {"proxy": options.port, **({"engine": engine_port} if engine_port else {})}
     if options.web:
         ports["web UI"] = options.web_port
     check_ports(ports)
@@ -277,30 +311,33 @@ def run(options: StackOptions) -> int:
     logs = session_dir / "logs"
     make_private_dirs(logs)
     state_path = stack_state_path(options.port)
-    engine_url = f"http://{LOOPBACK}:{engine_port}"
+    engine_url = options.upstream or f"http://{LOOPBACK}:{engine_port}"
     proxy_url = f"http://{LOOPBACK}:{options.port}"
     proxy_log = logs / f"proxy-{options.port}.log"  # as running() names it
     with contextlib.ExitStack() as servers:
-        print(f"stable-prefix: starting the engine ({options.model}) on {engine_url}; log {logs}/engine-{engine_port}.log", flush=True)
-        engine = servers.enter_context(running(
-            "engine", engine_command(options, engine_port), port=engine_port, log_dir=logs,
-            ready=lambda: http_ok(f"{engine_url}/v1/models"), startup_timeout=options.startup_timeout))
-        print(f"stable-prefix: starting the proxy on {proxy_url}", flush=True)
-        # Ready when a request goes through it to the engine.
+        engine = None
+        if not options.upstream:
+            print(f"stable-prefix: starting the engine ({options.model}) on {engine_url}; log {logs}/engine-{engine_port}.log", flush=True)
+            engine = servers.enter_context(running(
+                "engine", engine_command(options, engine_port), port=engine_port, log_dir=logs,
+                ready=lambda: http_ok(f"{engine_url}/v1/models"), startup_timeout=options.startup_timeout))
+        print(f"stable-prefix: starting the proxy on {proxy_url} before {engine_url}", flush=True)
+        # Ready when a request goes through it to the engine (or the router).
         proxy = servers.enter_context(running(
             "proxy", proxy_command(options, engine_url, session_dir), port=options.port, log_dir=logs,
-            ready=lambda: http_ok(f"{proxy_url}/v1/models") and (not options.web or web_url(proxy_log) is not None)))
+            ready=lambda: http_ok(f"{proxy_url}/v1/models") and (not options.web or web_url(proxy_log) is not None),
+            startup_timeout=options.startup_timeout))
         web = web_url(proxy.log_path) if options.web else None
         state = {"url": proxy_url, "model": options.model_name, "max_tokens": options.max_tokens, "pid": os.getpid(),
                  "engine_url": engine_url, "web_url": web, "captures": str(session_dir) if options.capture else None,
                  # Process group leaders (running() starts each server in its own session).
-                 "engine_pid": engine.process.pid, "proxy_pid": proxy.process.pid}
+                 "engine_pid": engine.process.pid if engine else None, "proxy_pid": proxy.process.pid}
         make_private_dirs(state_path.parent)
         write_private(state_path, json.dumps(state, indent=1))
         try:
             print_ready(options, engine, proxy, session_dir, web)
             follower = CaptureFollower(session_dir) if options.capture else LogFollower(proxy.log_path)
-            return watch([engine, proxy], follower)
+            return watch([engine, proxy] if engine else [proxy], follower)
         finally:
             state_path.unlink(missing_ok=True)
 

@@ -10,8 +10,8 @@ import logging
 import mlx_lm
 import pytest
 
-from stable_prefix.engine_patch.cache_layers import has_recurrent_state
-from stable_prefix.engine_patch.shared_prefill import MIN_SHARED_TOKENS
+from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
+from stable_prefix.engine_patch.cache.shared_prefill import MIN_SHARED_TOKENS
 from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
 from tests.support.family_chat import FAMILY_MODELS, chat_head, prompt, resume_position
 from tests.support.models import require_model
@@ -147,7 +147,7 @@ def test_a_failing_restore_runs_the_request_uncached_and_counts_a_fallback(monke
         raise RuntimeError("injected restore failure")
 
     with batched_seams() as seams, caplog.at_level(logging.WARNING, logger="engine_patch"):
-        monkeypatch.setattr("stable_prefix.engine_patch.prefix_cache.restore", broken_restore)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore", broken_restore)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens
@@ -165,7 +165,7 @@ def test_a_failing_snapshot_keeps_the_answers_and_stores_nothing(monkeypatch):
         raise RuntimeError("injected snapshot failure")
 
     with batched_seams() as seams:
-        monkeypatch.setattr("stable_prefix.engine_patch.prefix_cache.snapshot", broken_snapshot)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.snapshot", broken_snapshot)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens
@@ -181,7 +181,7 @@ def test_a_failing_checkpoint_is_counted_and_the_request_goes_on(monkeypatch):
         raise RuntimeError("injected checkpoint failure")
 
     with batched_seams() as seams:
-        monkeypatch.setattr("stable_prefix.engine_patch.request_plan.snapshot", broken_snapshot)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.request_plan.snapshot", broken_snapshot)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens

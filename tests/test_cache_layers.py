@@ -12,7 +12,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-from stable_prefix.engine_patch import cache_layers
+from stable_prefix.engine_patch.cache import cache_layers
 from tests.support import cache_core_check
 from tests.support.processes import REPO_ROOT
 

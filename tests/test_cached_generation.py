@@ -9,9 +9,9 @@ import pytest
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
 from mlx_lm.sample_utils import make_sampler
 
-from stable_prefix.engine_patch.cached_generation import CachedGeneration
-from stable_prefix.engine_patch.prefix_cache import PrefixCache
-from stable_prefix.engine_patch.request_reuse import begin_request, end_request
+from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.request_reuse import begin_request, end_request
+from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
 from tests.support.models import require_model
 
 ORIGINAL_STREAM_GENERATE = mlx_lm.stream_generate
@@ -98,7 +98,7 @@ def test_a_failing_restore_gives_the_uncached_answer_a_warning_and_a_counted_fal
     def broken_restore(layers):
         raise RuntimeError("injected restore failure")
 
-    monkeypatch.setattr("stable_prefix.engine_patch.prefix_cache.restore", broken_restore)
+    monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore", broken_restore)
     prompt = chat(tokenizer, *turn2)
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
         tokens = greedy(generation, model, tokenizer, prompt)
@@ -113,7 +113,7 @@ def test_a_failing_snapshot_keeps_the_answer_and_counts_a_fallback(loaded, gener
     def broken_snapshot(prompt_cache, indices=None):
         raise RuntimeError("injected snapshot failure")
 
-    monkeypatch.setattr("stable_prefix.engine_patch.prefix_cache.snapshot", broken_snapshot)
+    monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.snapshot", broken_snapshot)
     prompt = chat(tokenizer, *conversation_turns("main")[0])
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
         tokens = greedy(generation, model, tokenizer, prompt)
@@ -184,7 +184,7 @@ def test_a_failing_checkpoint_prefill_gives_the_uncached_answer_and_reports_no_r
     def broken_eval(prompt_cache):
         raise RuntimeError("injected prefill failure")
 
-    monkeypatch.setattr("stable_prefix.engine_patch.cached_generation.eval_state", broken_eval)
+    monkeypatch.setattr("stable_prefix.engine_patch.vllm_mlx.simple.cached_generation.eval_state", broken_eval)
     reuse, token = begin_request()
     try:
         tokens = greedy(generation, sliding, tokenizer, prompt)

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from stable_prefix.engine_patch.admission import error_response
-from stable_prefix.engine_patch.context_window import PromptTooLong, check_prompt_fits, context_length, estimated_tokens_if_far_too_long
+from stable_prefix.engine_patch.cache.context_window import PromptTooLong, check_prompt_fits, context_length, estimated_tokens_if_far_too_long
+from stable_prefix.engine_patch.http_api.admission import error_response
 
 
 def model_with(**arguments):

@@ -4,7 +4,7 @@ import pytest
 from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
-from stable_prefix.engine_patch import detokenizer_map
+from stable_prefix.engine_patch.vllm_mlx import detokenizer_map
 from tests.support.models import require_model
 
 TEXTS = ["Hello wörld, naïve café — 你好\n  two spaces, then a tab\tend.", "def f(x):\n    return x  # ok?", " leading space"]

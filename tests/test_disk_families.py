@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from stable_prefix.engine_patch.cache_layers import positional_indices
-from stable_prefix.engine_patch.cached_generation import CachedGeneration
-from stable_prefix.engine_patch.disk_tier import DiskTier
-from stable_prefix.engine_patch.persisted_entry import ENTRY, checkpoint_positions
-from stable_prefix.engine_patch.prefix_cache import PrefixCache, common_prefix_length
-from stable_prefix.engine_patch.snapshot_file import read_header
-from stable_prefix.engine_patch.tiered_cache import TieredCache
+from stable_prefix.engine_patch.cache.cache_layers import positional_indices
+from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache, common_prefix_length
+from stable_prefix.engine_patch.disk.disk_tier import DiskTier
+from stable_prefix.engine_patch.disk.persisted_entry import ENTRY, checkpoint_positions
+from stable_prefix.engine_patch.disk.snapshot_file import read_header
+from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
+from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
 from tests.support.family_chat import FAMILY_MODELS, ORIGINAL_STREAM_GENERATE, chat_head, greedy, prompt, resume_position, served
 from tests.support.models import require_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stable_prefix.engine_patch.__main__ import our_flags
-from stable_prefix.engine_patch.disk_tier import DEFAULT_DIRECTORY
+from stable_prefix.engine_patch.disk.disk_tier import DEFAULT_DIRECTORY
 from tests.support.processes import REPO_ROOT
 
 

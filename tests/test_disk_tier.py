@@ -24,12 +24,12 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from stable_prefix.engine_patch import disk_tier as disk_tier_module
-from stable_prefix.engine_patch import snapshot_directory
-from stable_prefix.engine_patch.disk_tier import DiskTier
-from stable_prefix.engine_patch.prefix_cache import PrefixCache
-from stable_prefix.engine_patch.snapshot_file import load_arrays, read_header, write_snapshot
-from stable_prefix.engine_patch.tiered_cache import TieredCache
+from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.disk import disk_tier as disk_tier_module
+from stable_prefix.engine_patch.disk import snapshot_directory
+from stable_prefix.engine_patch.disk.disk_tier import DiskTier
+from stable_prefix.engine_patch.disk.snapshot_file import load_arrays, read_header, write_snapshot
+from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
 from tests.support.models import OTHER_SEED_MODEL, TEST_MODEL, require_model
 from tests.support.small_filesystem import fill, tmpfs
 

@@ -6,8 +6,8 @@ first restores at least its previous prompt up to the generation prompt."""
 import mlx_lm
 import pytest
 
-from stable_prefix.engine_patch.cached_generation import CachedGeneration
-from stable_prefix.engine_patch.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
 from tests.support.family_chat import FAMILY_MODELS, ORIGINAL_STREAM_GENERATE, greedy, prompt, resume_position, served
 from tests.support.models import require_model
 

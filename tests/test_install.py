@@ -12,10 +12,10 @@ from transformers import AutoTokenizer
 
 from stable_prefix.engine_patch import install
 from stable_prefix.engine_patch.__main__ import parse_size
-from stable_prefix.engine_patch.cached_generation import CachedGeneration
+from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.install import why_unsupported
-from stable_prefix.engine_patch.prefix_cache import PrefixCache
-from stable_prefix.engine_patch.simple_engine import _defer_builtin_prefix_cache
+from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
+from stable_prefix.engine_patch.vllm_mlx.simple.simple_engine import _defer_builtin_prefix_cache
 from tests.support.llm_client import send
 from tests.support.models import require_model
 from tests.support.processes import REPO_ROOT, free_port, http_ok, running

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from mlx_lm.utils import load_model
 
-from stable_prefix.engine_patch.model_identity import DigestMemo, identity_of, loaded_model_description
+from stable_prefix.engine_patch.disk.model_identity import DigestMemo, identity_of, loaded_model_description
 from tests.support.models import OTHER_SEED_MODEL, TEST_MODEL, require_model
 
 

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -26,6 +27,18 @@ def test_the_wheel_installs_nothing_but_the_stable_prefix_namespace(wheel):
     assert top_level == {"stable_prefix"}, "a generic top-level name (addons, tools, ...) could collide in site-packages"
     for script in ("addons/strip_billing.py", "addons/capture.py", "addons/exposure.py", "tools/claude_code_router.py"):
         assert f"stable_prefix/{script}" in names
+    assert "stable_prefix/engine_patch/vllm_mlx/batched/batched_engine.py" in names, "a sub-package of engine_patch/ is missing from the wheel"
+
+
+def test_every_folder_of_the_namespace_with_an_init_is_a_listed_package():
+    # setuptools installs only the packages pyproject lists: a new sub-folder left out works editable and breaks a wheel.
+    setuptools = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    present = set()
+    for name, folder in setuptools["package-dir"].items():
+        for init in (REPO_ROOT / folder).rglob("__init__.py"):
+            present.add(".".join((name, *init.parent.relative_to(REPO_ROOT / folder).parts)))
+    assert present - listed == set(), f"folders with __init__.py not in [tool.setuptools] packages: {sorted(present - listed)}"
 
 
 def test_the_wheel_declares_the_console_script(wheel):

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-from stable_prefix.engine_patch.cache_layers import snapshot
-from stable_prefix.engine_patch.persisted_entry import (
+from stable_prefix.engine_patch.cache.cache_layers import snapshot
+from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint, own_nbytes
+from stable_prefix.engine_patch.disk.persisted_entry import (
     ENTRY,
     EntryDescriptionError,
     checkpoint_positions,
     entry_from_arrays,
     entry_to_arrays,
 )
-from stable_prefix.engine_patch.prefix_cache import CachedPrefix, Checkpoint, own_nbytes
 
 TOKENS = 40
 

@@ -8,9 +8,9 @@ import pytest
 from mlx_lm.models import qwen2, qwen3_5
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from stable_prefix.engine_patch import cache_layers
-from stable_prefix.engine_patch.cache_layers import UnsupportedCache, check_snapshot_support, snapshot
-from stable_prefix.engine_patch.prefix_cache import Checkpoint, PrefixCache
+from stable_prefix.engine_patch.cache import cache_layers
+from stable_prefix.engine_patch.cache.cache_layers import UnsupportedCache, check_snapshot_support, snapshot
+from stable_prefix.engine_patch.cache.prefix_cache import Checkpoint, PrefixCache
 from stable_prefix.tools.tiny_families import FAMILIES
 
 VOCAB = 512

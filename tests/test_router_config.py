@@ -46,13 +46,6 @@ def test_smg_checks_health_at_the_interval_asked_for_in_whole_seconds():
     assert argv_after(config, "--health-check-endpoint") == ["/health"]
 
 
-def test_smg_serves_its_metrics_on_the_routers_host_and_the_port_given():
-    """Left to itself smg binds 0.0.0.0:29000: beyond loopback, and a second smg on the machine fails to start."""
-    config = router_config("smg", REPLICAS, port=30000, metrics_port=30001)
-    assert argv_after(config, "--prometheus-host") == ["127.0.0.1"]
-    assert argv_after(config, "--prometheus-port") == ["30001"]
-
-
 def test_vllm_router_hashes_x_session_id():
     config = router_config("vllm-router", REPLICAS, port=30001)
     assert argv_after(config, "--policy") == ["consistent_hash"]
@@ -124,3 +117,8 @@ def test_a_missing_install_names_the_make_target(monkeypatch, tmp_path):
     monkeypatch.setattr(routers, "SMG_VENV", tmp_path / "nowhere")
     with pytest.raises(routers.RouterNotInstalled, match="make routers"):
         routers.router_binary("smg")
+
+
+def test_the_rust_routers_metrics_go_to_the_port_asked_for():
+    for kind in ("smg", "vllm-router"):
+        assert argv_after(router_config(kind, REPLICAS, port=30000, metrics_port=30001), "--prometheus-port") == ["30001"]

@@ -28,14 +28,6 @@ def test_every_turn_of_a_conversation_gets_the_same_key():
     assert len(keys) == 1
 
 
-def test_the_first_turn_of_a_2_1_332_conversation_gets_the_key_of_its_later_turns():
-    """On the first turn the environment message is the newest one, a block list with the cache marker;
-    later it is flattened to a string: the model reads the same text, so the key is the same (the team
-    bench found the first and second turns of every conversation on different replicas)."""
-    keys = {forwarded_key(claude_code.modern_request(turns)) for turns in (1, 2, 5)}
-    assert len(keys) == 1
-
-
 def test_a_rotating_billing_header_does_not_change_the_key():
     assert forwarded_key(claude_code.main_request(billing_suffix="a3f")) == forwarded_key(claude_code.main_request(billing_suffix="9c0", cch="77"))
 
@@ -148,3 +140,22 @@ def test_an_unknown_key_scope_is_refused():
     addon = StripBilling()
     with taddons.context(addon) as tctx, pytest.raises(exceptions.OptionsError, match="routing_key_scope='user'"):
         tctx.configure(addon, routing_key_scope="user")
+
+
+def test_the_first_turn_and_the_next_share_a_key_though_the_first_marks_its_environment_for_caching():
+    """2.1.332's first request: the environment message is the newest and carries the cache marker."""
+    assert forwarded_key(claude_code.modern_request(1)) == forwarded_key(claude_code.modern_request(2)) == forwarded_key(claude_code.modern_request(5))
+
+
+def test_the_diagnosis_reads_the_clients_own_value_of_a_header_the_key_replaced():
+    """opencode names its sessions in x-session-id, the header vllm-router reads the key from."""
+    from stable_prefix.addons.strip_billing import client_headers
+
+    addon = StripBilling()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, lane_routing_header="x-session-id,x-smg-routing-key")
+        flow = request_flow(claude_code.main_request())
+        flow.request.headers["x-session-id"] = "ses_client_own"
+        addon.request(flow)
+    assert flow.request.headers["x-session-id"] == forwarded_key(claude_code.main_request())
+    assert client_headers(flow)["x-session-id"] == "ses_client_own" and "x-smg-routing-key" not in client_headers(flow)

@@ -1,9 +1,9 @@
 """Which prefill in flight a new request waits for, and where a prefill stops (pure logic)."""
 
-from stable_prefix.engine_patch.batch_generator_access import segments_of
-from stable_prefix.engine_patch.prefix_cache import Fetched
-from stable_prefix.engine_patch.request_plan import RequestPlan
-from stable_prefix.engine_patch.shared_prefill import MIN_SHARED_TOKENS, Prefill, source_for
+from stable_prefix.engine_patch.cache.prefix_cache import Fetched
+from stable_prefix.engine_patch.cache.request_plan import RequestPlan
+from stable_prefix.engine_patch.cache.shared_prefill import MIN_SHARED_TOKENS, Prefill, source_for
+from stable_prefix.engine_patch.vllm_mlx.batched.batch_generator_access import segments_of
 
 HEAD = list(range(1000, 1000 + 2 * MIN_SHARED_TOKENS))
 

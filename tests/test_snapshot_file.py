@@ -8,8 +8,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from stable_prefix.engine_patch.cache_layers import layers_from_arrays, layers_to_arrays, snapshot
-from stable_prefix.engine_patch.snapshot_file import (
+from stable_prefix.engine_patch.cache.cache_layers import layers_from_arrays, layers_to_arrays, snapshot
+from stable_prefix.engine_patch.disk.snapshot_file import (
     SnapshotFileError,
     host_view,
     load_arrays,

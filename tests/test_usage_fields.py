@@ -4,8 +4,8 @@ in whole JSON bodies and in SSE streams cut at any byte."""
 import asyncio
 import json
 
-from stable_prefix.engine_patch.request_reuse import RequestReuse
-from stable_prefix.engine_patch.usage_fields import ReuseUsageMiddleware, SseUsageRewriter, add_reuse_to_payload
+from stable_prefix.engine_patch.cache.request_reuse import RequestReuse
+from stable_prefix.engine_patch.http_api.usage_fields import ReuseUsageMiddleware, SseUsageRewriter, add_reuse_to_payload
 
 REUSE = RequestReuse(prompt_tokens=1000, reused=900)
 
@@ -72,7 +72,7 @@ def test_a_stream_is_untouched_while_the_reuse_is_unknown():
 
 def run_middleware(path: str, content_type: bytes, body_chunks: list[bytes], reuse_seen: RequestReuse) -> list[dict]:
     """Drive the ASGI middleware around a fake app that records a reuse, as a generation does."""
-    from stable_prefix.engine_patch.request_reuse import current_request_reuse
+    from stable_prefix.engine_patch.cache.request_reuse import current_request_reuse
 
     async def app(scope, receive, send):
         reuse = current_request_reuse()

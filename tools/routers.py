@@ -25,8 +25,10 @@ own prompt-text / cache-aware policy (smg's and vllm-router's `cache_aware`; HAP
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import sys
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +141,8 @@ def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: 
 
     `key_header`: the header holding our key (default: the one the router reads unless told,
     `DEFAULT_KEY_HEADER`); a comma-separated list is the proxy's option form, and the router reads
-    the first name. Pure: nothing is checked on disk, nothing started."""
+    the first name. `metrics_port`: the Rust routers' Prometheus port (default theirs, 29000: a second
+    router on the machine needs another). Pure: nothing is checked on disk, nothing started."""
     check_kind(kind)
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: not one of {', '.join(POLICIES)}")
@@ -152,10 +155,13 @@ def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: 
         raise ValueError("haproxy has no prompt-text policy: use policy key or round_robin, or smg / vllm-router for prefix")
     used_header = header if policy == "key" else None
     binary = str(expected_binary(kind))
+    metrics = ["--prometheus-host", host, "--prometheus-port", str(metrics_port)] if metrics_port else []
     if kind == "smg":
-        return RouterConfig(kind, tuple(smg_argv(binary, replica_urls, host, port, policy, header, health_interval_s, metrics_port)), port, used_header)
+        argv = smg_argv(binary, replica_urls, host, port, policy, header, health_interval_s)
+        return RouterConfig(kind, (*argv, *metrics), port, used_header)
     if kind == "vllm-router":
-        return RouterConfig(kind, tuple(vllm_router_argv(binary, replica_urls, host, port, policy, health_interval_s)), port, used_header)
+        argv = vllm_router_argv(binary, replica_urls, host, port, policy, health_interval_s)
+        return RouterConfig(kind, (*argv, *metrics), port, used_header)
     text = haproxy_config(places, host, port, policy, header, health_interval_s)
     return RouterConfig(kind, (binary, "-db", "-f", HAPROXY_CONFIG_NAME), port, used_header, text)
 
@@ -170,18 +176,12 @@ def _whole_seconds(seconds: float) -> str:
     return str(max(1, round(seconds)))
 
 
-def smg_argv(binary: str, replica_urls: Sequence[str], host: str, port: int, policy: str, header: str, health_interval_s: float,
-             metrics_port: int | None = None) -> list[str]:
+def smg_argv(binary: str, replica_urls: Sequence[str], host: str, port: int, policy: str, header: str, health_interval_s: float) -> list[str]:
     smg_policy = {"key": "consistent_hashing", "round_robin": "round_robin", "prefix": "cache_aware"}[policy]
     argv = [binary, "launch", "--host", host, "--port", str(port), "--worker-urls", *replica_urls, "--policy", smg_policy,
             "--health-check-endpoint", "/health", "--health-check-interval-secs", _whole_seconds(health_interval_s),
             "--health-failure-threshold", str(HEALTH_FALL), "--health-success-threshold", str(HEALTH_RISE),
-            "--retry-max-retries", str(RETRIES + 1),
-            # Its metrics server binds 0.0.0.0:29000 unless told: beyond the router's host, and a second smg on
-            # one machine (a test beside a bench) fails to start.
-            "--prometheus-host", host]
-    if metrics_port is not None:
-        argv += ["--prometheus-port", str(metrics_port)]
+            "--retry-max-retries", str(RETRIES + 1)]
     if policy == "key":
         argv += ["--routing-key-headers", header]
     return argv
@@ -238,14 +238,34 @@ backend replicas
 
 @contextlib.contextmanager
 def running_router(kind: str, replica_urls: Sequence[str], *, policy: str = "key", key_header: str | None = None, log_dir: Path,
-                   health_interval_s: float = 1.0, port: int | None = None) -> Iterator[Server]:
-    """`kind` on a free loopback port before `replica_urls` for the duration of the block (stopped on exit,
-    also on failure); ready when a `/health` through it is answered."""
+                   health_interval_s: float = 1.0, port: int | None = None, host: str = LOOPBACK,
+                   startup_timeout: float = STARTUP_TIMEOUT_S, metrics_port: int | None = None) -> Iterator[Server]:
+    """`kind` on `host:port` (default: a free loopback port) before `replica_urls` for the duration of the
+    block (stopped on exit, also on failure); ready when a `/health` through it is answered. Its metrics
+    port: `metrics_port`, else a free one (two routers on one machine would both take 29000)."""
     binary = router_binary(kind)
     port = port or free_port()
     config = router_config(kind, replica_urls, port=port, policy=policy, key_header=key_header, health_interval_s=health_interval_s,
-                           metrics_port=free_port() if kind == "smg" else None)
+                           host=host, metrics_port=metrics_port or (None if kind == "haproxy" else free_port()))
     command = [str(binary), *config.command(log_dir / f"{kind}-{port}")[1:]]
-    with running(kind, command, port=port, log_dir=log_dir, ready=lambda: http_ok(f"http://{LOOPBACK}:{port}/health"),
-                 startup_timeout=STARTUP_TIMEOUT_S) as server:
+    url = f"http://{LOOPBACK if host in ('0.0.0.0', '::') else host}:{port}"
+    with running(kind, command, port=port, log_dir=log_dir, ready=lambda: router_ready(kind, url, replica_urls),
+                 startup_timeout=startup_timeout) as server:
         yield server
+
+
+def router_ready(kind: str, url: str, replica_urls: Sequence[str]) -> bool:
+    """The router answers, and (smg) every replica is registered and healthy: smg answers `/health` before
+    its background registration has added any worker, and a lane whose first request meets a ring of one
+    replica moves when the second joins (vllm-router waits for its workers before it listens)."""
+    if not http_ok(f"{url}/health"):
+        return False
+    if kind != "smg":
+        return True
+    try:
+        with urllib.request.urlopen(f"{url}/workers", timeout=2) as response:
+            workers = json.loads(response.read()).get("workers") or []
+    except (OSError, ValueError):
+        return False
+    healthy = {worker.get("url") for worker in workers if isinstance(worker, dict) and worker.get("is_healthy")}
+    return {replica.rstrip("/") for replica in replica_urls} <= healthy

@@ -13,11 +13,11 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from stable_prefix.engine_patch.batched_engine import BatchedEngineSeams
-from stable_prefix.engine_patch.prefix_cache import PrefixCache
-from stable_prefix.engine_patch.prompt_head import set_head_text
-from stable_prefix.engine_patch.request_plan import PrefixPlanner
-from stable_prefix.engine_patch.request_reuse import begin_request, current_request_reuse
+from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.prompt_head import set_head_text
+from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
+from stable_prefix.engine_patch.cache.request_reuse import begin_request, current_request_reuse
+from stable_prefix.engine_patch.vllm_mlx.batched.batched_engine import BatchedEngineSeams
 
 MAX_STEPS = 20_000
 

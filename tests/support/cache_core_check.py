@@ -25,11 +25,11 @@ import mlx_lm
 import numpy as np
 from mlx_lm.models.cache import CacheList, ChunkedKVCache, KVCache, RotatingKVCache
 
-from stable_prefix.engine_patch import cache_layers
-from stable_prefix.engine_patch.disk_tier import DiskTier
-from stable_prefix.engine_patch.model_identity import ModelIdentity
-from stable_prefix.engine_patch.prefix_cache import Checkpoint, PrefixCache
-from stable_prefix.engine_patch.tiered_cache import TieredCache
+from stable_prefix.engine_patch.cache import cache_layers
+from stable_prefix.engine_patch.cache.prefix_cache import Checkpoint, PrefixCache
+from stable_prefix.engine_patch.disk.disk_tier import DiskTier
+from stable_prefix.engine_patch.disk.model_identity import ModelIdentity
+from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
 from stable_prefix.tools.tiny_families import FAMILIES
 
 PROMPT_LENGTH, CHECKPOINT_AT = 150, 100  # past the 64-token windows

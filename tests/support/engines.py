@@ -19,9 +19,10 @@ SHIPPED = UNCACHED_FLAGS["simple"]
 SHIPPED_DEFAULT_MODE = UNCACHED_FLAGS[DEFAULT_ENGINE]
 
 
-def engine(log_dir: Path, name: str, *flags: str, model: Path = TEST_MODEL, env: dict[str, str] | None = None):
-    """A patched server (flags after the model go to it); RAM-only unless `--prefix-cache-dir` or env say otherwise."""
-    port = free_port()
+def engine(log_dir: Path, name: str, *flags: str, model: Path = TEST_MODEL, env: dict[str, str] | None = None, port: int | None = None):
+    """A patched server (flags after the model go to it); RAM-only unless `--prefix-cache-dir` or env say otherwise.
+    `port`: a given one (a replica restarted where a router expects it), else a free one."""
+    port = port or free_port()
     command = [sys.executable, "-m", "stable_prefix.engine_patch", "serve", str(require_model(model)), "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", "tiny", *flags]
     disk = {"ENGINE_PATCH_NO_DISK_CACHE": "0"} if "--prefix-cache-dir" in flags else {}

@@ -9,9 +9,9 @@ import contextvars
 import mlx_lm
 from mlx_lm.sample_utils import make_sampler
 
-from stable_prefix.engine_patch.prompt_boundaries import generation_prompt_start, message_start_ids
-from stable_prefix.engine_patch.prompt_head import set_head_text
-from stable_prefix.engine_patch.request_reuse import RequestReuse, begin_request
+from stable_prefix.engine_patch.cache.prompt_boundaries import generation_prompt_start, message_start_ids
+from stable_prefix.engine_patch.cache.prompt_head import set_head_text
+from stable_prefix.engine_patch.cache.request_reuse import RequestReuse, begin_request
 
 from .models import REPO_ROOT, TEST_MODEL
 

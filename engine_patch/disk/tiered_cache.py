@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from .cache_layers import positional_indices
+from stable_prefix.engine_patch.cache.cache_layers import positional_indices
+from stable_prefix.engine_patch.cache.prefix_cache import Checkpoint, Fetched, PrefixCache
+
 from .disk_tier import DiskTier
-from .prefix_cache import Checkpoint, Fetched, PrefixCache
 
 
 class TieredCache:

@@ -19,8 +19,8 @@ import contextvars
 import functools
 from typing import Any
 
-from .admission import admit_prompt, record_start, refuse_if_far_too_long
-from .context_window import context_length
+from stable_prefix.engine_patch.cache.context_window import context_length
+from stable_prefix.engine_patch.http_api.admission import admit_prompt, record_start, refuse_if_far_too_long
 
 
 def install(contexts: dict[str, contextvars.Context]) -> list[str]:

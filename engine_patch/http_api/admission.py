@@ -34,8 +34,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stable_prefix.engine_patch.cache.context_window import PromptTooLong, check_prompt_fits, estimated_tokens_if_far_too_long
+
 from . import usage_fields
-from .context_window import PromptTooLong, check_prompt_fits, estimated_tokens_if_far_too_long
 from .usage_fields import ANTHROPIC_PATHS, GenerationMiddleware
 
 logger = logging.getLogger("engine_patch")

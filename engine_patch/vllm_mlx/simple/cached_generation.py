@@ -24,12 +24,12 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
-from .admission import ClientGone, stop_if_client_gone
-from .cache_layers import eval_state
-from .prefix_cache import PrefixCache
-from .prompt_head import head_text
-from .request_plan import PrefixPlanner, RequestPlan, prompt_token_ids
-from .request_reuse import current_request_reuse
+from stable_prefix.engine_patch.cache.cache_layers import eval_state
+from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.prompt_head import head_text
+from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner, RequestPlan, prompt_token_ids
+from stable_prefix.engine_patch.cache.request_reuse import current_request_reuse
+from stable_prefix.engine_patch.http_api.admission import ClientGone, stop_if_client_gone
 
 logger = logging.getLogger("engine_patch")
 

@@ -18,9 +18,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .admission import ClientGone, admit_prompt, refuse_if_far_too_long, stop_if_client_gone
-from .context_window import context_length
-from .request_plan import prompt_token_ids
+from stable_prefix.engine_patch.cache.context_window import context_length
+from stable_prefix.engine_patch.cache.request_plan import prompt_token_ids
+from stable_prefix.engine_patch.http_api.admission import ClientGone, admit_prompt, refuse_if_far_too_long, stop_if_client_gone
 
 logger = logging.getLogger("engine_patch")
 

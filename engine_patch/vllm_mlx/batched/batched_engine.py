@@ -49,12 +49,13 @@ from typing import Any
 
 from mlx_lm.models.cache import make_prompt_cache
 
+from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
+from stable_prefix.engine_patch.cache.prompt_head import head_text, set_head_text
+from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
+from stable_prefix.engine_patch.cache.request_reuse import RequestReuse, current_request_reuse
+from stable_prefix.engine_patch.cache.shared_prefill import Prefill, SharedPrefills, source_for
+
 from . import batch_generator_access
-from .cache_layers import has_recurrent_state
-from .prompt_head import head_text, set_head_text
-from .request_plan import PrefixPlanner
-from .request_reuse import RequestReuse, current_request_reuse
-from .shared_prefill import Prefill, SharedPrefills, source_for
 
 logger = logging.getLogger("engine_patch")
 

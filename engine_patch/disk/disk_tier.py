@@ -40,10 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from .cache_layers import positional_indices
+from stable_prefix.engine_patch.cache.cache_layers import positional_indices
+from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, common_prefix_length, restorable_length
+
 from .model_identity import DigestMemo, ModelIdentity, identity_of, loaded_model_description
 from .persisted_entry import checkpoint_positions, entry_from_arrays, entry_to_arrays
-from .prefix_cache import CachedPrefix, common_prefix_length, restorable_length
 from .snapshot_directory import SnapshotDirectory, free_and_total_bytes, is_snapshot
 from .snapshot_file import (
     HostArray,

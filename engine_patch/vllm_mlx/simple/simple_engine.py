@@ -21,11 +21,12 @@ import functools
 import logging
 import sys
 
+from stable_prefix.engine_patch.cache.prompt_head import set_head_text
+from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
+
 from . import admitted_generation
 from .admitted_generation import AdmittedGeneration
 from .cached_generation import CachedGeneration
-from .prompt_head import set_head_text
-from .request_plan import PrefixPlanner
 
 logger = logging.getLogger("engine_patch")
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
+
 from .admission import AdmissionMiddleware
-from .tiered_cache import TieredCache
 from .usage_fields import ReuseUsageMiddleware
 
 CLEARABLE_TIERS = ("ram", "disk")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .request_reuse import RequestReuse, begin_request, end_request
+from stable_prefix.engine_patch.cache.request_reuse import RequestReuse, begin_request, end_request
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})

@@ -23,8 +23,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .cache_layers import cached_token_count, is_rewindable, layers_from_arrays, layers_to_arrays, snapshot_nbytes
-from .prefix_cache import CachedPrefix, Checkpoint, own_nbytes
+from stable_prefix.engine_patch.cache.cache_layers import cached_token_count, is_rewindable, layers_from_arrays, layers_to_arrays, snapshot_nbytes
+from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint, own_nbytes
 
 ENTRY = "entry"
 
