@@ -66,3 +66,23 @@ def test_up_upstream_refuses_engine_flags():
 def test_up_without_a_model_or_an_upstream_says_what_it_needs():
     with pytest.raises(stack.StackError, match="or --upstream URL"):
         stack.parse_options([])
+
+
+@pytest.mark.server
+def test_router_runs_haproxy_before_the_replicas_until_stopped(tmp_path):
+    from tests.support.llm_client import send
+    from tests.support.processes import VENV_BIN, free_port, running
+    from tests.support.slow_sse_upstream import slow_sse_upstream
+
+    port = free_port()
+    with slow_sse_upstream(event_delay=0.0) as replica:
+        command = [str(VENV_BIN / "stable-prefix"), "router", "haproxy", "--replica", replica.url, "--port", str(port),
+                   "--log-dir", str(tmp_path / "router")]
+        log = tmp_path / f"router-command-{port}.log"  # as running() names it; ready once the command says so
+        with running("router-command", command, port=port, log_dir=tmp_path,
+                     ready=lambda: log.exists() and "Ctrl-C stops it" in log.read_text()) as router:
+            answer = send(router.url, "/v1/messages", {"model": "m", "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+            router.process.terminate()
+            assert router.process.wait(timeout=30) == 130
+    assert answer.text and len(replica.received) == 1
+    assert "stable-prefix router: haproxy on 127.0.0.1" in router.log_text()

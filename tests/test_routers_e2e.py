@@ -90,6 +90,17 @@ def smg_stack(replicas, tmp_path_factory):
         yield router, proxy
 
 
+@pytest.fixture(scope="module", params=["smg", "haproxy"])
+def key_router_stack(request, replicas, smg_stack, tmp_path_factory):
+    """Each router with the key policy, and our proxy before it."""
+    if request.param == "smg":
+        yield smg_stack
+        return
+    logs = tmp_path_factory.mktemp(request.param)
+    with routers.running_router(request.param, [r.url for r in replicas], log_dir=logs) as router, team_proxy(router.url, logs) as proxy:
+        yield router, proxy
+
+
 def test_claude_code_bodies_are_refused_by_smg_without_the_strict_router_option(smg_stack, tmp_path):
     router, _ = smg_stack
     with team_proxy(router.url, tmp_path, strict_router_body="false") as proxy:
@@ -97,8 +108,8 @@ def test_claude_code_bodies_are_refused_by_smg_without_the_strict_router_option(
     assert response.status_code == 400 and "output_config" in response.text
 
 
-def test_through_smg_each_lane_stays_on_one_replica_and_each_turn_reuses_the_last(smg_stack, replicas):
-    _, proxy = smg_stack
+def test_each_lane_stays_on_one_replica_and_each_turn_reuses_the_last(key_router_stack, replicas):
+    _, proxy = key_router_stack
     where, reused, prompts = set(), [], []
     for turns in (1, 2, 3):
         answer, replica = send_and_locate(proxy.url, replicas, claude_code_body(turns))
@@ -109,8 +120,8 @@ def test_through_smg_each_lane_stays_on_one_replica_and_each_turn_reuses_the_las
     assert reused[1] >= prompts[0] * 0.9 and reused[2] >= prompts[1] * 0.9, (reused, prompts)
 
 
-def test_through_smg_two_users_sessions_spread_over_both_replicas(smg_stack, replicas):
-    _, proxy = smg_stack
+def test_users_sessions_spread_over_both_replicas(key_router_stack, replicas):
+    _, proxy = key_router_stack
     places = {send_and_locate(proxy.url, replicas, claude_code_body(1, workdir=f"/home/user{user}/project"))[1] for user in range(USERS)}
     assert places == {0, 1}
 
