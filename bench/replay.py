@@ -150,6 +150,11 @@ def post_streamed(
         if on_sent:
             on_sent()
         response = connection.getresponse()
+    except (OSError, http.client.HTTPException) as error:
+        # A refused or dropped connection is this request's failure (a lost request), not the replay's end.
+        connection.close()
+        return Reply(0, None, time.perf_counter() - started, error=f"connection failed: {error!r}")
+    try:
         if response.status != 200:
             detail = response.read().decode(errors="replace")[:500]
             return Reply(response.status, None, time.perf_counter() - started, error=f"HTTP {response.status}: {detail}")
@@ -162,6 +167,8 @@ def post_streamed(
         ttft = None if events.first_output_at is None else events.first_output_at - started
         error = None if events.error is None else json.dumps(events.error)[:500]
         return Reply(200, ttft if ttft is not None else total, total, events.usage, error, ttft_is_total=ttft is None, stop_reason=stop_reason)
+    except (OSError, http.client.HTTPException) as error:
+        return Reply(200, None, time.perf_counter() - started, error=f"stream cut: {error!r}")
     finally:
         connection.close()
 
@@ -298,7 +305,8 @@ class Replayer:
     engine's order of preference among usage, stats and its log.
     `prompt_tokens_of(request)`, the prompt size the engine will see (None where
     it is not rendered: then the size its usage reports), lets the log lines of
-    concurrent requests be told apart.
+    concurrent requests be told apart. `on_answered(request)` is called as each
+    request's answer ends (within a step too: the team bench's failover counts them).
     """
 
     def __init__(
@@ -313,8 +321,9 @@ class Replayer:
         protocol: str = "anthropic",
         prompt_tokens_of: Callable[[Request], int | None] | None = None,
         reuse_sources: tuple[str, ...] = REUSE_SOURCES,
+        on_answered: Callable[[Request], None] | None = None,
     ):
-        self.sender = _Sender(base_url, CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH, max_tokens, model, protocol)
+        self.sender = _Sender(base_url, CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH, max_tokens, model, protocol, on_answered)
         self.server_url = server_url or base_url
         self.server_lines, self.proxy_lines = LogFollower(server_log), LogFollower(proxy_log)
         self.prompt_tokens_of = prompt_tokens_of
@@ -323,9 +332,11 @@ class Replayer:
     def step(self, step: list[Request]) -> list[Measured]:
         """Send one step: a single request, or requests sent at the same time (a fan-out group, a title beside its main turn)."""
         if len(step) == 1:
-            before = cache_stats(self.server_url)
+            # Stats are read only where they are a source: behind a router, this URL is not one engine's.
+            reads_stats = "stats" in self.reuse_sources
+            before = cache_stats(self.server_url) if reads_stats else None
             started_s, reply = self.sender.send(step[0])
-            after = cache_stats(self.server_url)
+            after = cache_stats(self.server_url) if reads_stats else None
             figures, source = reuse_figures(reply, before, after, reuse_from_log(self.server_lines.new_lines()), self.reuse_sources)
             return [self._measured(step[0], reply, figures, source, started_s, _diagnosis_line(self.proxy_lines.new_lines()))]
         measured = self._concurrently(step)
@@ -412,15 +423,19 @@ def instances(group: list[Request]) -> list[list[Request]]:
 
 
 class _Sender:
-    def __init__(self, base_url: str, path: str, max_tokens: int | str, model: str | None, protocol: str):
-        self.base_url, self.path, self.model, self.protocol = base_url, path, model, protocol
+    def __init__(self, base_url: str, path: str, max_tokens: int | str, model: str | None, protocol: str,
+                 on_answered: Callable[[Request], None] | None = None):
+        self.base_url, self.path, self.model, self.protocol, self.on_answered = base_url, path, model, protocol, on_answered
         self.max_tokens = max_tokens_policy(max_tokens)  # a bad policy fails here, not mid-replay
         self.started = time.perf_counter()
 
     def send(self, request: Request, on_sent: Callable[[], None] | None = None) -> tuple[float, Reply]:
         body = for_client(request, max_tokens=max_tokens_for(request, self.max_tokens), model=self.model, protocol=self.protocol)
         started_s = time.perf_counter() - self.started
-        return started_s, post_streamed(self.base_url, self.path, body, headers=request.headers, on_sent=on_sent)
+        reply = post_streamed(self.base_url, self.path, body, headers=request.headers, on_sent=on_sent)
+        if self.on_answered:
+            self.on_answered(request)
+        return started_s, reply
 
 
 def _diagnosis_line(lines: list[str]) -> str | None:

@@ -1,5 +1,6 @@
 """Where the replay reads each request's reuse from, in order of preference."""
 
+import dataclasses
 import json
 
 from stable_prefix.bench.replay import (
@@ -22,6 +23,7 @@ from stable_prefix.bench.replay import (
     steps,
 )
 from stable_prefix.bench.session import Request
+from stable_prefix.tools.servers import free_port
 from tests.support.sse_upstream import sse_upstream
 
 HIT = "INFO:vllm_mlx.engine.simple:System KV cache HIT (stream_chat): reusing 6378 tokens, prefilling 523 new (hash=ab12)"
@@ -170,3 +172,21 @@ def test_ttft_is_the_first_output_event_of_a_stream_cut_into_awkward_pieces():
     assert reply.status == 200 and reply.error is None and not reply.ttft_is_total
     assert 0.3 <= reply.ttft_s < reply.total_s  # message_start came before the pause, the first delta after it
     assert reply.usage.get("output_tokens")
+
+
+def test_a_refused_connection_is_a_failed_reply_not_the_replays_end():
+    """The team bench's failover: one lost request is a row (status 0, its error), and the replay goes on."""
+    reply = post_streamed(f"http://127.0.0.1:{free_port()}", MESSAGES_PATH, b"{}")
+    assert reply.status == 0 and reply.error.startswith("connection failed")
+    assert reuse_figures(reply, None, None, None) == (None, None)
+
+
+def test_each_answered_request_is_told_as_it_ends_also_within_a_concurrent_step():
+    answered = []
+    group = [dataclasses.replace(streamed(index, "anthropic_text_then_call.sse", lane=f"sub:explore@{index}", **{AGENT_ID_HEADER: f"a{index}"}),
+                                 fan_out="explore-0-1") for index in (1, 2)]
+    with sse_upstream() as upstream:
+        replayer = Replayer(upstream.url, reuse_sources=("usage",), on_answered=lambda request: answered.append(request.index))
+        replayer.step([streamed(0, "anthropic_text_then_call.sse")])
+        replayer.step(group)
+    assert sorted(answered) == [0, 1, 2] and answered[0] == 0

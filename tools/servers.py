@@ -150,7 +150,8 @@ def mitmdump_command(scripts: list[str], upstream: str, port: int, options: dict
     for script in scripts:
         command += ["-s", str(REPO_ROOT / script)]
     for name, value in (options or {}).items():
-        command += ["--set", f"{name}={value}"]
+        # mitmproxy reads `true`/`false`: `--set name=True` fails its option parsing, and the script's options stay unset.
+        command += ["--set", f"{name}={str(value).lower() if isinstance(value, bool) else value}"]
     return command
 
 
