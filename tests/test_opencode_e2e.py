@@ -25,6 +25,8 @@ import pytest
 from stable_prefix.tools import opencode
 from tests.support import agent_turns
 from tests.support.agent_turns import (
+    AFTER_MIDNIGHT,
+    BEFORE_MIDNIGHT,
     MIN_CONTINUED_REUSE,
     MIN_NEW_CONVERSATION_REUSE,
     assert_each_instance_reuses_its_own_prefix,
@@ -38,8 +40,6 @@ from tests.support.agent_turns import finished_turns as finished
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 ANSWER_TOKENS = 64
-# Twenty-six hours apart: whenever the test runs, the two dates opencode writes differ.
-BEFORE_MIDNIGHT, AFTER_MIDNIGHT = "Etc/GMT+12", "Etc/GMT-14"
 AGENT = agent_turns.AgentUnderTest(opencode.OpenCode, ANSWER_TOKENS)
 stack = AGENT.stack_fixture()
 

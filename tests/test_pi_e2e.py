@@ -27,6 +27,8 @@ from stable_prefix.tools import pi
 from stable_prefix.tools.scratch_project import ScratchProject
 from tests.support import agent_turns
 from tests.support.agent_turns import (
+    AFTER_MIDNIGHT,
+    BEFORE_MIDNIGHT,
     MIN_CONTINUED_REUSE,
     MIN_NEW_CONVERSATION_REUSE,
     SERVED_MODEL,
@@ -40,8 +42,6 @@ from tests.support.agent_turns import finished_turns as finished
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 ANSWER_TOKENS = 64
-# Twenty-six hours apart: whenever the test runs, the two dates Pi writes differ.
-BEFORE_MIDNIGHT, AFTER_MIDNIGHT = "Etc/GMT+12", "Etc/GMT-14"
 AGENT = agent_turns.AgentUnderTest(pi.Pi, ANSWER_TOKENS)
 stack = AGENT.stack_fixture()
 

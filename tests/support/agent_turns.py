@@ -39,6 +39,9 @@ SERVED_MODEL = "tiny-model-test"
 # Issue 17's targets: every continued turn, and a new conversation in the same repository.
 MIN_CONTINUED_REUSE = 0.95
 MIN_NEW_CONVERSATION_REUSE = 0.90
+# Time zones twenty-six hours apart: whenever a test runs, the dates an agent writes into its prompt before and
+# after differ (a conversation continued past midnight).
+BEFORE_MIDNIGHT, AFTER_MIDNIGHT = "Etc/GMT+12", "Etc/GMT-14"
 TURN_TIMEOUT_S = 600.0
 
 
