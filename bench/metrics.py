@@ -211,6 +211,49 @@ def fan_out_wall_s(rows: Iterable[Row]) -> dict[str, float]:
     return {group: end - start for group, (start, end) in spans.items()}
 
 
+def step_key(row: Row) -> tuple[str, Any]:
+    """Which step of the replay a row was sent in: its fan-out group, the request it was sent
+    beside, or its own (`replay.steps` sends them so)."""
+    if row.get("fan_out"):
+        return ("fan_out", row["fan_out"])
+    return ("request", row["beside"] if row.get("beside") is not None else row["index"])
+
+
+def session_wall_s(rows: Iterable[Row]) -> float | None:
+    """The session as a user waits for it: each step from its first request sent to its last
+    answer ended, summed (a title beside its main turn and a fan-out group's instances overlap);
+    unknown if any request has no time."""
+    spans: dict[tuple[str, Any], list[float]] = {}
+    for row in rows:
+        if row.get("total_s") is None or row.get("started_s") is None:
+            return None
+        span = spans.setdefault(step_key(row), [row["started_s"], row["started_s"] + row["total_s"]])
+        span[0], span[1] = min(span[0], row["started_s"]), max(span[1], row["started_s"] + row["total_s"])
+    return sum(end - start for start, end in spans.values()) if spans else None
+
+
+def paired_fan_out_ratio(rows: Iterable[Row], other: Iterable[Row]) -> dict[str, Any]:
+    """Median over the fan-out groups both ran (a round each, in the rounds session) of
+    wall(rows) / wall(other), with its 95% confidence interval, and whether the groups decoded the
+    same number of tokens in both (greedy: then they compare at equal output length)."""
+    rows, other = list(rows), list(other)
+    mine, theirs = fan_out_wall_s(rows), fan_out_wall_s(other)
+
+    def tokens(of: list[Row], group: str) -> int | None:
+        return known_sum(row.get("output_tokens") for row in of if row.get("fan_out") == group)
+
+    groups = [group for group in mine if theirs.get(group)]
+    ratios = [mine[group] / theirs[group] for group in groups]
+    interval = median_confidence_interval(ratios)
+    return {
+        "groups": len(ratios),
+        "median": median(ratios),
+        "ci95": list(interval) if interval else None,
+        "within_noise": None if interval is None else interval[0] <= 1 <= interval[1],
+        "equal_output": sum(1 for group in groups if tokens(rows, group) is not None and tokens(rows, group) == tokens(other, group)),
+    }
+
+
 def summarize(rows: list[Row]) -> dict[str, Any]:
     """The per-configuration summary written to latest.json (rows already marked cold/warm)."""
     lanes: dict[str, list[Row]] = {}
@@ -247,6 +290,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         ),
         "warm_ttft_over_cold_prefill_of_new_tokens_median": warm_ttft_over(timed, "cold_prefill_of_new_tokens_s"),
         "total_time_s": sum(row["total_s"] for row in rows if row.get("total_s") is not None),
+        "session_wall_s": session_wall_s(rows),
         "lanes": {lane: lane_summary(lane_rows) for lane, lane_rows in lanes.items()},
     }
 

@@ -57,7 +57,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"Session: {session['requests']} requests (seed {session['seed']}, scale {session['scale']}: "
         f"main prefix {session['main_prefix_tokens']:,} tokens, largest prompt {session['largest_prompt_tokens']:,} tokens"
         + (f"; first {session['limit']} requests of the session" if session.get("limit") else "")
-        + (f"; a fan-out group of {fan_out['instances']} concurrent subagent instances, {fan_out['requests']} requests" if fan_out.get("requests") else "")
+        + (f"; {_fan_out_description(fan_out)}" if fan_out.get("requests") else "")
         + (f"; {session['beside']} title requests sent beside a main turn" if session.get("beside") else "")
         + f"); model: {model['description']}; machine: {result['machine']}.",
         f"Replies: {_replies(replay)}"
@@ -66,8 +66,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}`",
         "",
         "| configuration | tokens prefilled | warm TTFT | warm turn time | cold TTFT | cold turn time | output tokens | decode tokens/s "
-        "| fan-out wall time | title beside a main turn: TTFT / turn time |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| fan-out wall time | title beside a main turn: TTFT / turn time | session wall time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for config in result["configurations"]:
@@ -78,7 +78,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_seconds(summary['warm_ttft_median_s'])} | {_seconds(summary.get('warm_turn_median_s'))} | "
             f"{_seconds(summary['cold_ttft_median_s'])} | {_seconds(summary.get('cold_turn_median_s'))} | "
             f"{_tokens(summary.get('output_tokens'))} | {_rate(summary.get('decode_tokens_per_s'))} | {_fan_out(summary)} | "
-            f"{_seconds(beside.get('ttft_median_s'))} / {_seconds(beside.get('turn_median_s'))} |"
+            f"{_seconds(beside.get('ttft_median_s'))} / {_seconds(beside.get('turn_median_s'))} | {_seconds(summary.get('session_wall_s'))} |"
         )
         if summary.get("reuse_unknown_requests"):
             notes.append(
@@ -94,7 +94,8 @@ def markdown(result: dict[str, Any]) -> str:
         "Medians; turn time: from sending a request to the end of its reply's stream. Tokens prefilled count every request, fan-out included; "
         "TTFT and turn-time medians leave out the fan-out group's requests (concurrent: their times include waiting for each other), "
         "which are measured by the group's wall time. Decode tokens/s: output tokens after the first over the time after the first token, "
-        "requests outside the fan-out group.",
+        "requests outside the fan-out group. Session wall time: every step of the replay from its first request sent to its last "
+        "answer ended, summed (what a user of the session waits for; a fan-out group or a title beside its turn counted once).",
     ]
     lanes = _timed_lanes(result)
     lines += [
@@ -118,6 +119,13 @@ def markdown(result: dict[str, Any]) -> str:
     if overhead:
         lines += proxy_overhead_table(overhead)
     return "\n".join(lines) + "\n"
+
+
+def _fan_out_description(fan_out: dict[str, Any]) -> str:
+    if fan_out.get("mode") == "rounds":
+        return (f"a fan-out of {fan_out['instances']} concurrent subagent instances (two Explore, one general-purpose) "
+                f"sent in {fan_out['groups']} rounds, {fan_out['requests']} requests")
+    return f"a fan-out group of {fan_out['instances']} concurrent subagent instances, {fan_out['requests']} requests"
 
 
 def _replies(replay: dict[str, Any]) -> str:
@@ -239,10 +247,31 @@ def paired_table(result: dict[str, Any]) -> list[str]:
         listed = f"; differing: {', '.join(f'#{index}' for index in differing[:12])}{' ...' if len(differing) > 12 else ''}" if differing else ""
         agreement_cells.append(f"{agreement.get('equal', 0)} of {agreement.get('requests', 0)}{listed}")
     lines.append("| requests that decoded the same number of tokens (greedy) | " + " | ".join(agreement_cells) + " |")
+    if any((anchors[key].get("paired_fan_out_ratio") or {}).get("groups") for key in keys):
+        lines.append("| fan-out wall time, per group (round) | " + " | ".join(_fan_out_cell(anchors[key].get("paired_fan_out_ratio")) for key in keys) + " |")
+    lines.append("| session wall time (one sample) | " + " | ".join(_paired_cell(session_wall_ratio(result, key)) for key in keys) + " |")
     return lines
 
 
+def _fan_out_cell(pairs: dict[str, Any] | None) -> str:
+    if not pairs or pairs.get("median") is None:
+        return "n/a"
+    return f"{_times(pairs['median'])}{_interval_times(pairs.get('ci95'))} {verdict(pairs)} ({pairs['groups']}; {pairs['equal_output']} at equal output)"
+
+
+def session_wall_ratio(result: dict[str, Any], anchor: str) -> dict[str, Any] | None:
+    """The product's session wall time over `anchor`'s: one sample per run (a paired ratio without an interval)."""
+    summaries = _summaries(result)
+    mine = summaries[result["comparison"]["product"]].get("session_wall_s")
+    theirs = (summaries.get(anchor) or {}).get("session_wall_s")
+    if mine is None or not theirs:
+        return None
+    return {"requests": 1, "median": mine / theirs, "ci95": None, "rescaled": 0}
+
+
 FAN_OUT_TARGETS = {"plain": 0.95, "hybrid": 0.6}
+# Issue 23's session: the product's session wall time at most this times Rapid-MLX's (9) and the batched anchor's (7).
+SESSION_TARGETS = {"plain": {"9": 1.0, "7": 0.9}, "hybrid": {"9": 0.95, "7": 0.6}}
 
 
 def targets_table(result: dict[str, Any]) -> list[str]:
@@ -288,6 +317,22 @@ def targets_table(result: dict[str, Any]) -> list[str]:
         found += f"; unknown for {', '.join(unknown_anchors)}" if unknown_anchors else ""
         lines.append(f"| tokens prefilled <= every anchor's | {found} | {_met(product['tokens_prefilled'] / known[fewest], 1.0) if not unknown_anchors else 'unknown'} |")
     lines.append(fan_out_target(result, product, anchors))
+    lines += session_targets(result, product, anchors)
+    return lines
+
+
+def session_targets(result: dict[str, Any], product: dict[str, Any], anchors: dict[str, dict[str, Any]]) -> list[str]:
+    """Issue 23: the whole session's wall time against Rapid-MLX and the batched anchor, where they ran."""
+    attention = result["model"].get("attention", "plain")
+    lines = []
+    for number, limit in SESSION_TARGETS[attention].items():
+        reference = next((key for key in anchors if key.split("-", 1)[0] == number), None)
+        if reference is None:
+            continue
+        ratio = session_wall_ratio(result, reference)
+        value = None if ratio is None else ratio["median"]
+        found = f"{_seconds(product.get('session_wall_s'))}; {reference}: {_seconds(anchors[reference].get('session_wall_s'))} ({_times(value)}, one sample)"
+        lines.append(f"| session wall time <= {limit}x {reference}'s (issue 23, {attention}) | {found} | {_met(value, limit)} |")
     return lines
 
 

@@ -33,11 +33,11 @@ from stable_prefix.addons.lanes import AGENT_ID_HEADER
 from stable_prefix.addons.normalize import Rules, api_for, normalize
 from stable_prefix.bench import prefill_reference, proxy_overhead, report
 from stable_prefix.bench.incontext_prefill import InContextPrefill
-from stable_prefix.bench.metrics import Row, mark_cold_and_warm, output_agreement, paired_ratio, summarize
+from stable_prefix.bench.metrics import Row, mark_cold_and_warm, output_agreement, paired_fan_out_ratio, paired_ratio, summarize
 from stable_prefix.bench.openai_form import openai_body
 from stable_prefix.bench.prompt_tokens import MlxLmPromptRenderer, PromptRenderer, ideal_reusable_tokens
 from stable_prefix.bench.replay import GREEDY, PROXY_MAX_TOKENS_CAP, Measured, max_tokens_policy, steps
-from stable_prefix.bench.session import MAIN_LANE, SHAPES, TODAYS_SHAPE, Request, generate_session
+from stable_prefix.bench.session import FAN_OUTS, FREE_FAN_OUT, MAIN_LANE, SHAPES, TODAYS_SHAPE, Request, generate_session
 from stable_prefix.bench.stack import (
     PRODUCT,
     SERVED_MODEL_NAME,
@@ -328,7 +328,7 @@ def notable_requests(requests: list[Request]) -> list[dict[str, Any]]:
     return sorted(notable, key=lambda n: n["index"])
 
 
-def session_description(requests: list[Request], views: PromptViews, seed: int, scale: float, limit: int | None) -> dict[str, Any]:
+def session_description(requests: list[Request], views: PromptViews, seed: int, scale: float, limit: int | None, fan_out_mode: str = FREE_FAN_OUT) -> dict[str, Any]:
     first_main = next(i for i, r in enumerate(requests) if r.lane == MAIN_LANE)
     fan_out = [r for r in requests if r.fan_out]
     replies = sorted(r.reply_tokens for r in requests)
@@ -344,7 +344,8 @@ def session_description(requests: list[Request], views: PromptViews, seed: int, 
         "ideal_reusable_tokens_behind_addon": sum(views.ideal[ADDON_VIEW]),
         "fan_out": {
             "groups": len({r.fan_out for r in fan_out}),
-            "instances": len({(r.fan_out, r.headers.get(AGENT_ID_HEADER)) for r in fan_out}),
+            "instances": len({r.headers.get(AGENT_ID_HEADER) for r in fan_out}),
+            "mode": fan_out_mode,
             "requests": len(fan_out),
         },
         "beside": len([r for r in requests if r.beside is not None]),
@@ -368,6 +369,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, help="replay only the first N requests of the session")
     parser.add_argument("--shape", choices=SHAPES, default=TODAYS_SHAPE,
                         help=f"which Claude Code the session models (default {TODAYS_SHAPE}; only it has a fan-out group of concurrent subagents)")
+    parser.add_argument(
+        "--fan-out", choices=FAN_OUTS, default=FREE_FAN_OUT,
+        help="how the fan-out group runs: free (three Explore instances, each at its own pace; the default) or rounds "
+        "(two Explore instances and a general-purpose one, round by round: issue 23's session)",
+    )
     parser.add_argument("--name", help="output file name stem (default latest; full with --full)")
     parser.add_argument(
         "--sequential", dest="interleave", action="store_false",
@@ -423,7 +429,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     if not (args.model / "config.json").exists():
         raise SystemExit(f"model {args.model}: no config.json; run `make tiny-model` first")
     started_at = time.time()
-    requests = generate_session(args.seed, args.scale, shape=args.shape)[: args.limit]
+    requests = generate_session(args.seed, args.scale, shape=args.shape, fan_out=args.fan_out)[: args.limit]
     print(f"rendering {len(requests)} requests with {args.model}'s chat template for the ideal-reuse baseline ...", flush=True)
     renderer = PromptRenderer(args.model, SERVED_MODEL_NAME, TOOL_CALL_PARSER)
     views = PromptViews(requests, renderer, {view_of(config) for config in args.configurations}, args.model)
@@ -473,7 +479,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "command": command,
         "machine": f"{cpu_description()}, {platform.system()} {platform.machine()}",
         "model": model_description(args.model),
-        "session": session_description(requests, views, args.seed, args.scale, args.limit),
+        "session": session_description(requests, views, args.seed, args.scale, args.limit, args.fan_out),
         "replay": {
             "max_tokens": args.max_tokens, "temperature": GREEDY, "served_model_name": SERVED_MODEL_NAME,
             "order": "interleaved" if args.interleave else "sequential",
@@ -500,6 +506,7 @@ def comparison(rows: list[Row], keys: list[str]) -> dict[str, Any] | None:
                 "paired_turn_ratio": paired_ratio(mine, theirs, "total_s"),
                 "paired_cold_turn_ratio": paired_ratio(mine, theirs, "total_s", warm=False),
                 "output_agreement": output_agreement(mine, theirs),
+                "paired_fan_out_ratio": paired_fan_out_ratio(mine, theirs),
             }
     return {"product": PRODUCT.key, "anchors": anchors}
 

@@ -120,6 +120,15 @@ LOADED_TOOL = "WebFetch"
 TODAYS_EXPLORE_TOOLS = ("Bash", "Glob", "Grep", "Read", "Skill", "ToolSearch")
 TODAYS_GENERAL_TOOLS = tuple(name for name in TODAYS_TOOLS if name != "Agent")
 FAN_OUT_INSTANCES = 3
+# How the fan-out group runs (`fan_out=`). "free": three Explore instances, each
+# sending its next request as soon as its last is answered. "rounds": two Explore
+# instances and a general-purpose one, sent round by round (each instance's k-th
+# request at once, the next round once all three are answered; each round is a
+# fan-out group of its own), as issue 23's Claude Code session was replayed. A round's
+# prompts differ in length (the general-purpose instance has other instructions and
+# tools): the prefill batch a hybrid model must not pad into its recurrent state.
+FREE_FAN_OUT, ROUNDS_FAN_OUT = "free", "rounds"
+FAN_OUTS = (FREE_FAN_OUT, ROUNDS_FAN_OUT)
 # How long 2.1.332's replies are, in tokens, at every scale (`TextSource.reply_prose`):
 # the text before a turn's tool calls, an answer, a subagent's report, a /compact
 # summary. A title is one short JSON object, in both shapes.
@@ -533,8 +542,9 @@ class _Instance:
 class _TodaysSessionBuilder(_Builder):
     """Claude Code 2.1.332: a static system prompt, git status and environment in the messages."""
 
-    def __init__(self, seed: int, scale: float, per_request_cch: bool):
+    def __init__(self, seed: int, scale: float, per_request_cch: bool, fan_out: str = FREE_FAN_OUT):
         super().__init__(seed, scale, per_request_cch, TODAYS_SHAPE)
+        self.fan_out = fan_out
         self.tools = _tool_definitions(self.text, TODAYS_TOOLS, TODAYS_TOOLS_TOKENS)
         self.deferred = {name: {**tool, "defer_loading": True} for name, tool in _tool_definitions(self.text, DEFERRED_TOOLS, TODAYS_TOOLS_TOKENS / 5).items()}
         self.placeholder = {"name": PLACEHOLDER_TOOL, "description": self.text.sentence(6, 10), "input_schema": {"type": "object", "properties": {}}, "defer_loading": True}
@@ -607,15 +617,17 @@ class _TodaysSessionBuilder(_Builder):
         self._answered(index, instance.messages[-2])
         return None
 
-    def _subagents(self, lanes: list[str], conversation: int, session: str, steps: int, fan_out: str | None) -> list[dict]:
-        """Run instances side by side (their requests interleaved); returns the
-        main agent's assistant turn and the user's results (each instance's report)."""
+    def _subagents(self, lanes: list[str], conversation: int, session: str, steps: int, fan_out: str | None, *, rounds: bool = False) -> list[dict]:
+        """Run instances side by side (their requests interleaved; `rounds`: each step
+        a fan-out group of its own); returns the main agent's assistant turn and the
+        user's results (each instance's report)."""
         calls: list[dict] = []
         instances = [self._start_instance(lane, session, calls) for lane in lanes]
         reports: dict[str, str] = {}
         for step in range(steps):
+            group = f"{fan_out}/round-{step + 1}" if rounds and fan_out else fan_out
             for instance in instances:
-                if (report := self._instance_step(instance, conversation, fan_out, last=step == steps - 1)) is not None:
+                if (report := self._instance_step(instance, conversation, group, last=step == steps - 1)) is not None:
                     reports[instance.lane] = report
         results = [{"type": "tool_result", "tool_use_id": i.call["id"], "content": reports[i.lane]} for i in instances]
         return [self._assistant(calls), {"role": "user", "content": results}]
@@ -650,8 +662,10 @@ class _TodaysSessionBuilder(_Builder):
             if turn == 1 and step != "no-title":
                 self.title_request(conversation, history[0]["content"][-1]["text"], suffix, index, headers)
             if step == "fan-out":
-                lanes = [f"{EXPLORE_LANE}@{number}" for number in range(1, FAN_OUT_INSTANCES + 1)]
-                turn_round = self._subagents(lanes, conversation, session, steps=3, fan_out=f"explore-{conversation}-{turn}")
+                rounds = self.fan_out == ROUNDS_FAN_OUT
+                kinds = [EXPLORE_LANE] * (FAN_OUT_INSTANCES - 1) + [GENERAL_LANE if rounds else EXPLORE_LANE]
+                lanes = [f"{kind}@{number}" for number, kind in enumerate(kinds, start=1)]
+                turn_round = self._subagents(lanes, conversation, session, steps=3, fan_out=f"{'subagents' if rounds else 'explore'}-{conversation}-{turn}", rounds=rounds)
             elif step in (EXPLORE_LANE, GENERAL_LANE):
                 turn_round = self._subagents([step], conversation, session, steps=2, fan_out=None)
             elif step == "tool-search":
@@ -694,17 +708,24 @@ class _TodaysSessionBuilder(_Builder):
         return self.requests
 
 
-def generate_session(seed: int = 0, scale: float = 1.0, *, per_request_cch: bool = False, shape: str = TODAYS_SHAPE) -> list[Request]:
+def generate_session(
+    seed: int = 0, scale: float = 1.0, *, per_request_cch: bool = False, shape: str = TODAYS_SHAPE, fan_out: str = FREE_FAN_OUT
+) -> list[Request]:
     """The whole session (see the module docstring): 2.1.332 by default, 20
     main turns over three conversations (a /clear, then a /compact), a fan-out
-    of three subagent instances, lone subagents, a ToolSearch load and titles;
-    `shape="2.1.197"`: 20 main turns over two conversations."""
+    of three subagent instances (`fan_out`: FAN_OUTS), lone subagents, a ToolSearch
+    load and titles; `shape="2.1.197"`: 20 main turns over two conversations, no fan-out."""
     if not 0 < scale <= 4:
         raise ValueError(f"scale={scale!r}: must be in (0, 4]; 1.0 is full size (~23K-token main prefix)")
     if shape not in SHAPES:
         raise ValueError(f"shape={shape!r}: must be one of {', '.join(SHAPES)}")
-    builder = _TodaysSessionBuilder if shape == TODAYS_SHAPE else _OlderSessionBuilder
-    return builder(seed, scale, per_request_cch).build()
+    if fan_out not in FAN_OUTS:
+        raise ValueError(f"fan_out={fan_out!r}: must be one of {', '.join(FAN_OUTS)}")
+    if shape == TODAYS_SHAPE:
+        return _TodaysSessionBuilder(seed, scale, per_request_cch, fan_out).build()
+    if fan_out != FREE_FAN_OUT:
+        raise ValueError(f"fan_out={fan_out!r}: the {shape} session has no fan-out group")
+    return _OlderSessionBuilder(seed, scale, per_request_cch).build()
 
 
 def main(argv: list[str] | None = None) -> None:

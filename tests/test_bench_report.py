@@ -103,6 +103,20 @@ def test_the_fan_out_target_is_the_best_anchor_on_plain_attention_and_the_batche
     assert "<= 0.6x the batched anchor's (7" in hybrid and "7-batched+addon: 12.00 s (0.67x)" in hybrid and hybrid.endswith("| not met |")
 
 
+def test_issue_23s_session_targets_hold_the_whole_session_against_rapid_mlx_and_the_batched_anchor(result):
+    for key, wall in zip(("4-patched+addon", "7-batched+addon", "9-rapid-mlx+addon"), (20.0, 25.0, 21.0)):
+        next(c for c in result["configurations"] if c["key"] == key)["summary"]["session_wall_s"] = wall
+    lines = targets_table(result)
+    assert target(lines, "session wall time <= 1.0x 9-rapid-mlx+addon's (issue 23, plain)").endswith("(0.95x, one sample) | met |")
+    assert target(lines, "session wall time <= 0.9x 7-batched+addon's").endswith("(0.80x, one sample) | met |")
+    result["model"] |= {"attention": "hybrid", "cache_kinds": ["ArraysCache", "KVCache"]}
+    lines = targets_table(result)
+    assert target(lines, "session wall time <= 0.95x 9-rapid-mlx+addon's (issue 23, hybrid)").endswith("| not met |")
+    assert target(lines, "session wall time <= 0.6x 7-batched+addon's").endswith("| not met |")
+    result["configurations"][1]["summary"]["session_wall_s"] = None
+    assert target(targets_table(result), "session wall time <= 0.6x").endswith("| unknown |")  # never taken as met
+
+
 def test_a_fan_out_group_that_decoded_other_replies_says_the_work_differs(result):
     result["configurations"][2]["summary"]["fan_out_output_tokens"] = 120
     assert "the group decoded 300 tokens, 9-rapid-mlx+addon 120: not equal work" in target(targets_table(result), "fan-out wall time")

@@ -9,9 +9,11 @@ from stable_prefix.bench.metrics import (
     median_confidence_interval,
     output_agreement,
     paired_difference_ms,
+    paired_fan_out_ratio,
     paired_ratio,
     percentile,
     reuse_efficiency,
+    session_wall_s,
     summarize,
     turn_at_length,
     warm_prefill_over_new_content,
@@ -168,6 +170,23 @@ def test_fan_out_requests_count_in_tokens_but_not_in_ttft_medians(trace):
     assert summary["tokens_reused"] == 3400 + 3 * 400 + 2 * 700
     assert summary["fan_out_requests"] == 5
     assert summary["fan_out_wall_s"] == pytest.approx(3.7)
+
+
+def test_the_session_wall_time_counts_a_fan_out_group_and_a_title_beside_its_turn_once():
+    main = dict(row("main", 0, 900, 0, 0, 0.5, total=2.0), index=0, started_s=0.0)
+    title = dict(row("title", 0, 100, 0, 0, 0.2, total=1.0), index=1, beside=0, started_s=0.1)
+    later = dict(row("main", 0, 950, 900, 900, 0.1, total=1.5), index=2, started_s=2.5)
+    group = [dict(r, index=3 + n) for n, r in enumerate(fan_out_rows())]
+    assert session_wall_s([main, title, later, *group]) == pytest.approx(2.0 + 1.5 + 3.7)
+    assert session_wall_s([main, dict(later, total_s=None)]) is None  # unknown, never short
+
+
+def test_fan_out_groups_pair_round_by_round_and_say_where_the_output_differed():
+    def rounds(walls, output=11):
+        return [dict(row("sub:explore", 0, 700, 0, 0, 0.1, total=wall, output=output), fan_out=f"r{n}", started_s=10.0 * n) for n, wall in enumerate(walls)]
+    pairs = paired_fan_out_ratio(rounds([1.0, 2.0, 3.0]), rounds([2.0, 2.5, 4.0]))
+    assert pairs["groups"] == 3 and pairs["median"] == pytest.approx(0.75) and pairs["equal_output"] == 3
+    assert paired_fan_out_ratio(rounds([1.0]), rounds([2.0], output=12))["equal_output"] == 0
 
 
 def test_paired_difference_pairs_each_measured_request_with_its_baseline():

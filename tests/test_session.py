@@ -283,6 +283,28 @@ def test_one_fan_out_of_three_instances_runs_interleaved_and_contiguous(today):
     assert all(len({r.headers[AGENT_ID_HEADER] for r in requests}) == 1 for requests in per_instance.values())
 
 
+def test_in_rounds_two_explore_instances_and_a_general_purpose_one_send_each_round_at_once():
+    session = generate_session(0, 0.1, fan_out="rounds")
+    group = [r for r in session if r.fan_out]
+    rounds = [[r for r in group if r.fan_out == name] for name in dict.fromkeys(r.fan_out for r in group)]
+    assert len(rounds) == 3 and all(len(round_) == 3 for round_ in rounds)
+    assert [r.lane for r in rounds[0]] == [f"{EXPLORE_LANE}@1", f"{EXPLORE_LANE}@2", f"{GENERAL_LANE}@3"]
+    assert all([r.lane for r in round_] == [r.lane for r in rounds[0]] for round_ in rounds)
+    # One instance keeps its agent id across the rounds; the general-purpose one has a longer prompt.
+    assert len({r.headers[AGENT_ID_HEADER] for r in group}) == 3
+    assert all(len(round_[2].body_bytes()) > len(round_[0].body_bytes()) for round_ in rounds)
+    # Everything before the group is the free session's, byte for byte.
+    free = generate_session(0, 0.1)
+    assert [r.body_bytes() for r in session[: group[0].index]] == [r.body_bytes() for r in free[: group[0].index]]
+
+
+def test_the_older_shape_has_no_fan_out_to_send_in_rounds():
+    with pytest.raises(ValueError, match="no fan-out group"):
+        generate_session(0, 0.1, shape=OLDER_SHAPE, fan_out="rounds")
+    with pytest.raises(ValueError, match="fan_out='lockstep'"):
+        generate_session(0, 0.1, fan_out="lockstep")
+
+
 def test_every_request_names_its_session_and_subagents_their_instance(today):
     assert all(SESSION_ID_HEADER in r.headers for r in today)
     assert all((AGENT_ID_HEADER in r.headers) == r.lane.startswith("sub:") for r in today)
