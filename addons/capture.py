@@ -5,7 +5,7 @@
 
 Writes `<capture_dir>/<session>/NNNN-<lane>.json` for each `POST /v1/messages`,
 `POST /v1/chat/completions` and `POST /v1/responses` (nothing for other flows):
-method, path, headers with credentials redacted, the body as the client sent it
+method, path, headers as the client sent them with credentials redacted (the routing key that replaced some beside them), the body as the client sent it
 and as it was forwarded, the changes and prefix diagnosis (from strip_billing.py
 when it is loaded, else computed here with no rules applied), and a response
 summary: status, usage (incl. `cache_read_input_tokens` /
@@ -45,7 +45,7 @@ from stable_prefix.addons import exposure
 from stable_prefix.addons.capture_budget import AGE_OPTION, BYTES_OPTION, Budget, enforce
 from stable_prefix.addons.capture_folder import claim_new_session, last_record_number, write_record
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.request_body import FLOW_NOTES, UnreadableJson, api_of, parse_json, utf8_json
+from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadableJson, api_of, client_headers, parse_json, utf8_json
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream, merge_usage
 
@@ -296,7 +296,7 @@ class Capture:
         summary = response_summary(flow, self.observers.pop(flow.id, None))
         if lane is None and isinstance(client_body, dict) and isinstance(forwarded_body, dict):
             resolve = self.chains.resolved if api == "responses" else (lambda body: body)
-            result = self.diagnosis.observe(PromptSnapshot.of(resolve(client_body), api, flow.request.headers), resolve(forwarded_body))
+            result = self.diagnosis.observe(PromptSnapshot.of(resolve(client_body), api, client_headers(flow)), resolve(forwarded_body))
             lane, diagnosis = result.lane, result.to_json()
             if api == "responses" and summary.get("status") == 200:
                 self.chains.remember(forwarded_body, {"id": summary.get("response_id"), "output": summary.get("output")})
@@ -309,7 +309,10 @@ class Capture:
                 "method": flow.request.method,
                 "path": flow.request.path,
                 "api": api,
-                "headers": redacted_headers(flow.request.headers),
+                # As the client sent them, like client_body; the routing key that replaced some (lane_routing_header) beside.
+                "headers": redacted_headers(client_headers(flow)),
+                **({"routing_key_headers": {name: flow.request.headers.get(name) for name in flow.metadata[CLIENT_ROUTING_HEADERS]}}
+                   if flow.metadata.get(CLIENT_ROUTING_HEADERS) else {}),
             },
             f"client_{client_key}": client_body,
             f"forwarded_{forwarded_key}": forwarded_body,

@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 # flow.metadata key under which strip_billing leaves its notes on a flow.
 FLOW_NOTES = "stable_prefix"
+# flow.metadata key: the client's values of the headers the routing key replaced (None: it sent none).
+CLIENT_ROUTING_HEADERS = "stable_prefix_client_routing_headers"
 
 # Anthropic's own API: stripping there can break billing or auth, so hands off.
 ANTHROPIC_DOMAINS = ("anthropic.com", "claude.ai")
@@ -215,3 +217,17 @@ def normalize_request(request: http.Request, rules: normalize.Rules, unread: Unr
         write_json_body(request, body)
         logger.debug(f"{request.path}: " + "; ".join(map(str, changes)))
     return NormalizedRequest(api, client_body, body, changes)
+
+
+def client_headers(flow: http.HTTPFlow) -> http.Headers:
+    """The request's headers as the client sent them: the routing key's headers put back."""
+    replaced = flow.metadata.get(CLIENT_ROUTING_HEADERS)
+    if not replaced:
+        return flow.request.headers
+    headers = flow.request.headers.copy()
+    for name, value in replaced.items():
+        if value is None:
+            headers.pop(name, None)
+        else:
+            headers[name] = value
+    return headers

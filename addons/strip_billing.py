@@ -44,7 +44,7 @@ from mitmproxy import ctx, exceptions, http
 from stable_prefix.addons import engine_errors, exposure, forward_proxy, normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.lanes import ROUTING_KEY_SCOPES, routing_key
-from stable_prefix.addons.request_body import FLOW_NOTES, UnreadItems, normalize_request
+from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadItems, client_headers, normalize_request
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream
 
@@ -55,8 +55,6 @@ BROKEN_PREFIX_MARK = ":warning:"
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # flow.metadata key of a request whose diagnosis waits for the upstream's answer.
 PENDING_DIAGNOSIS = "stable_prefix_pending"
-# flow.metadata key: the client's values of the headers the routing key replaced (None: it sent none).
-CLIENT_ROUTING_HEADERS = "stable_prefix_client_routing_headers"
 
 
 def is_event_stream(response: http.Response) -> bool:
@@ -69,20 +67,6 @@ def append_comment(flow: http.HTTPFlow, line: str) -> None:
 
 def prepend_comment(flow: http.HTTPFlow, line: str) -> None:
     flow.comment = f"{line}\n{flow.comment}" if flow.comment else line
-
-
-def client_headers(flow: http.HTTPFlow) -> http.Headers:
-    """The request's headers as the client sent them: the routing key's headers put back."""
-    replaced = flow.metadata.get(CLIENT_ROUTING_HEADERS)
-    if not replaced:
-        return flow.request.headers
-    headers = flow.request.headers.copy()
-    for name, value in replaced.items():
-        if value is None:
-            headers.pop(name, None)
-        else:
-            headers[name] = value
-    return headers
 
 
 def rules_from_options(options) -> normalize.Rules:

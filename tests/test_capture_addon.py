@@ -210,3 +210,29 @@ def test_the_script_file_loads_as_mitmdump_loads_it():
     with taddons.context() as tctx:
         script = tctx.script(str(SCRIPT))
         assert [type(addon).__name__ for addon in script.addons] == ["Capture"]
+
+
+def test_a_record_keeps_the_clients_own_headers_and_the_routing_key_that_replaced_them_beside(tmp_path):
+    """opencode names its sessions in x-session-id, the header vllm-router reads a lane's key from."""
+    capture, strip = Capture(), StripBilling()
+    with taddons.context(strip, capture) as tctx:
+        tctx.configure(capture, capture_dir=str(tmp_path), capture_session="s1")
+        tctx.configure(strip, lane_routing_header="x-session-id,x-smg-routing-key")
+        flow = api_flow(claude_code.main_request())
+        flow.request.headers["x-session-id"] = "ses_client_own"
+        strip.request(flow)
+        capture.request(flow)
+        json_response(flow, {})
+        capture.response(flow)
+    [record] = records(tmp_path)
+    headers, key = record["request"]["headers"], flow.request.headers["x-smg-routing-key"]
+    assert headers["x-session-id"] == "ses_client_own" and "x-smg-routing-key" not in headers
+    assert record["request"]["routing_key_headers"] == {"x-session-id": key, "x-smg-routing-key": key}
+
+
+def test_without_a_routing_key_a_record_has_no_routing_key_headers(capture, tmp_path):
+    flow = api_flow(claude_code.main_request())
+    capture.request(flow)
+    json_response(flow, {})
+    capture.response(flow)
+    assert "routing_key_headers" not in records(tmp_path)[0]["request"]

@@ -149,7 +149,7 @@ def test_the_first_turn_and_the_next_share_a_key_though_the_first_marks_its_envi
 
 def test_the_diagnosis_reads_the_clients_own_value_of_a_header_the_key_replaced():
     """opencode names its sessions in x-session-id, the header vllm-router reads the key from."""
-    from stable_prefix.addons.strip_billing import client_headers
+    from stable_prefix.addons.request_body import client_headers
 
     addon = StripBilling()
     with taddons.context(addon) as tctx:
