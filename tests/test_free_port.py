@@ -28,6 +28,7 @@ def test_a_port_the_kernel_gives_again_is_not_handed_out_twice(monkeypatch):
             return (servers.LOOPBACK, self.port)
 
     monkeypatch.setattr(servers, "_handed_out", set())
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # one process's share: every port (these two fall in one block)
     monkeypatch.setattr(servers.socket, "socket", ReusingSocket)
     assert [servers.free_port(), servers.free_port()] == [41001, 41002]
 
