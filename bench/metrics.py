@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 Row = dict[str, Any]
@@ -201,14 +201,18 @@ def beside_summary(rows: list[Row]) -> dict[str, Any] | None:
     }
 
 
+def _spans(rows: Iterable[Row], key: Callable[[Row], Any]) -> dict[Any, float]:
+    """{key(row): seconds from the first of its requests sent to the last answer ended}."""
+    spans: dict[Any, list[float]] = {}
+    for row in rows:
+        span = spans.setdefault(key(row), [row["started_s"], row["started_s"] + row["total_s"]])
+        span[0], span[1] = min(span[0], row["started_s"]), max(span[1], row["started_s"] + row["total_s"])
+    return {group: end - start for group, (start, end) in spans.items()}
+
+
 def fan_out_wall_s(rows: Iterable[Row]) -> dict[str, float]:
     """{group: seconds from its first request sent to its last answer ended}."""
-    spans: dict[str, list[float]] = {}
-    for row in rows:
-        if row.get("fan_out") and row.get("total_s") is not None:
-            span = spans.setdefault(row["fan_out"], [row["started_s"], row["started_s"] + row["total_s"]])
-            span[0], span[1] = min(span[0], row["started_s"]), max(span[1], row["started_s"] + row["total_s"])
-    return {group: end - start for group, (start, end) in spans.items()}
+    return _spans((row for row in rows if row.get("fan_out") and row.get("total_s") is not None), lambda row: row["fan_out"])
 
 
 def step_key(row: Row) -> tuple[str, Any]:
@@ -223,13 +227,10 @@ def session_wall_s(rows: Iterable[Row]) -> float | None:
     """The session as a user waits for it: each step from its first request sent to its last
     answer ended, summed (a title beside its main turn and a fan-out group's instances overlap);
     unknown if any request has no time."""
-    spans: dict[tuple[str, Any], list[float]] = {}
-    for row in rows:
-        if row.get("total_s") is None or row.get("started_s") is None:
-            return None
-        span = spans.setdefault(step_key(row), [row["started_s"], row["started_s"] + row["total_s"]])
-        span[0], span[1] = min(span[0], row["started_s"]), max(span[1], row["started_s"] + row["total_s"])
-    return sum(end - start for start, end in spans.values()) if spans else None
+    rows = list(rows)
+    if not rows or any(row.get("total_s") is None or row.get("started_s") is None for row in rows):
+        return None
+    return sum(_spans(rows, step_key).values())
 
 
 def paired_fan_out_ratio(rows: Iterable[Row], other: Iterable[Row]) -> dict[str, Any]:
