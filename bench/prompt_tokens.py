@@ -50,11 +50,27 @@ class PromptRenderer:
         )
 
     def prompt_text(self, body: dict[str, Any]) -> str:
+        messages, template_kwargs = self._template_input(body)
+        from vllm_mlx.engine.chat_template_safety import normalize_messages_for_chat_template
+
+        return self.tokenizer.apply_chat_template(normalize_messages_for_chat_template(messages), **template_kwargs)
+
+    def head_text(self, body: dict[str, Any]) -> str | None:
+        """The chat's stable head (system + tools) as vllm-mlx's system-prefix probe finds it: where the
+        engine checkpoints a model with positional layers (`engine_patch/cache/prompt_head.py`)."""
+        from vllm_mlx.engine.chat_template_safety import build_system_prompt_cache_prefix, normalize_messages_for_chat_template
+
+        messages, template_kwargs = self._template_input(body)
+        return build_system_prompt_cache_prefix(
+            self.tokenizer, messages, template_kwargs=template_kwargs, normalized_messages=normalize_messages_for_chat_template(messages)
+        )
+
+    def _template_input(self, body: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The messages and chat template arguments vllm-mlx renders `body` with."""
         from vllm_mlx import server
         from vllm_mlx.api.anthropic_adapter import anthropic_to_openai
         from vllm_mlx.api.anthropic_models import AnthropicRequest
         from vllm_mlx.api.tool_calling import convert_tools_for_template
-        from vllm_mlx.engine.chat_template_safety import normalize_messages_for_chat_template
 
         request = anthropic_to_openai(AnthropicRequest(**body))
         messages, *_ = server._prepare_chat_messages(self.engine_view, request.messages)
@@ -66,7 +82,7 @@ class PromptRenderer:
         if request.tools and request.tool_choice != "none":
             # Converted twice, as the route and then the engine do; the second pass is a no-op.
             template_kwargs["tools"] = convert_tools_for_template(convert_tools_for_template(request.tools))
-        return self.tokenizer.apply_chat_template(normalize_messages_for_chat_template(messages), **template_kwargs)
+        return messages, template_kwargs
 
     def token_ids(self, body: dict[str, Any]) -> list[int]:
         prompt = self.prompt_text(body)

