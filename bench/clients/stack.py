@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stable_prefix.bench.clients.engine_tree import EngineTree
 from stable_prefix.bench.clients.replay import PROXY_MAX_TOKENS_CAP, Measured, Replayer, replay, warm_up
 from stable_prefix.bench.workload.session import Request
 from stable_prefix.servers import REPO_ROOT, VENV_BIN, Server, free_port, http_ok, mitmdump_command, running
@@ -169,15 +170,14 @@ def is_ours(config: Configuration) -> bool:
 
 
 def product_of(tree: Path) -> Configuration:
-    """The product with another checkout's engine, run by that checkout's own venv from its own tree: the
-    engine before (or after) a change, in the same run as this checkout's (`--engine-tree`)."""
-    tree = tree.resolve()
-    python = tree / ".venv" / "bin" / "python"
-    if not python.exists():
-        raise FileNotFoundError(f"{tree}: no .venv/bin/python (run `make setup` in that checkout)")
-    engine = dataclasses.replace(PATCHED, name=f"patched@{tree.name}", description=f"vllm-mlx with {tree}'s engine_patch",
-                                 command=_patched_serve(python), cwd=tree)
-    return dataclasses.replace(PRODUCT, key=f"{PRODUCT.key}@{tree.name}", engine=engine, title=f"{PRODUCT.title}, {tree}'s engine")
+    """The product with another checkout's engine (`engine_tree.py`): the engine before (or after) a change,
+    in the same run as this checkout's (`--engine-tree`). This checkout's own is the product."""
+    other = EngineTree.of(tree)
+    if other.is_this_checkout:
+        return PRODUCT
+    engine = dataclasses.replace(PATCHED, name=f"patched@{other.name}", description=f"vllm-mlx with {other.tree}'s engine_patch",
+                                 command=_patched_serve(other.python), env={**PATCHED.env, **other.env}, cwd=other.cwd)
+    return dataclasses.replace(PRODUCT, key=f"{PRODUCT.key}@{other.name}", engine=engine, title=f"{PRODUCT.title}, {other.tree}'s engine")
 
 
 def configuration(key: str) -> Configuration:

@@ -143,7 +143,7 @@ def markdown(result: dict[str, Any]) -> str:
         "Sessions: " + "; ".join(f"`{key}`: {title}" for key, title in result["sessions"].items()) + ".",
         "Shapes: " + "; ".join(f"`{key}`: {title}" for key, title in result["shapes"].items()) + ".",
         "",
-        "New token states: the tokens of each request's sequence (its prompt and the reply tokens fed back) beyond the longest prefix "
+        "New token states: the tokens of each request's sequence (its prompt and its reply, which the engine holds too) beyond the longest prefix "
         "it shares with any earlier request's, summed; unique token states held: the distinct prefixes of what a tier holds. "
         "Every other figure is the engine's own (`/v1/cache/stats`); unknown where it does not report it.",
         "",

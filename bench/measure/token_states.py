@@ -6,7 +6,7 @@ nothing else, so two sequences share the states of their common prefix and no
 other. Hence:
 
 - the **new token states** of a request are the tokens of its sequence (the
-  prompt, then the reply tokens fed back to the model) beyond the longest
+  prompt, then the reply tokens the engine holds too) beyond the longest
   prefix it shares with any earlier request's sequence: no earlier request's
   engine ever computed them. Over a session they sum to the number of distinct
   token prefixes of all its sequences, what an ideal store writes once;

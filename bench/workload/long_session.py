@@ -24,7 +24,7 @@ but keeps the plan (the same turns, each smaller), so a 2-core CPU can replay
 all of them through a server; replies are as long as the 2.1.332 session's at
 every scale.
 
-    python -m stable_prefix.bench.long_session --scale 0.1 --out /tmp/long   # writes NNNN-<lane>.json
+    python -m stable_prefix.bench.workload.long_session --scale 0.1 --out /tmp/long   # writes NNNN-<lane>.json
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import random
 from pathlib import Path
 
 from stable_prefix.addons.lanes import SESSION_ID_HEADER
-from stable_prefix.bench.session import (
+from stable_prefix.bench.workload.session import (
     ENVIRONMENT_TOKENS,
     MAIN_INSTRUCTIONS_TOKENS,
     MAIN_LANE,
@@ -136,7 +136,7 @@ def generate_long_session(seed: int = 0, scale: float = 1.0, *, context_tokens: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stable_prefix.bench.long_session", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m stable_prefix.bench.workload.long_session", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0, help="1.0 = full size")
     parser.add_argument("--context-tokens", type=int, default=DEFAULT_CONTEXT_TOKENS, help="the context the conversation grows to (at scale 1.0)")

@@ -29,17 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from stable_prefix.bench.kv_session_file import SessionFile
-from stable_prefix.bench.kv_sessions import KvSession, rendered, reply_ids
-from stable_prefix.bench.kv_shapes import DISK_BUDGET_BYTES, RAM_BUDGET_BYTES, KvShape, model_bytes
-from stable_prefix.bench.metrics import mark_cold_and_warm, paired_ratio
-from stable_prefix.bench.replay import cache_stats, steps
+from stable_prefix.bench.clients.replay import cache_stats, steps
+from stable_prefix.bench.clients.stack import Configuration, started
+from stable_prefix.bench.measure.metrics import mark_cold_and_warm, paired_ratio
+from stable_prefix.bench.measure.token_states import common_prefix_length
+from stable_prefix.bench.probes.kv_session_file import SessionFile
 from stable_prefix.bench.restart import wait_for_disk_writes
 from stable_prefix.bench.run import turn_order
-from stable_prefix.bench.session import Request
-from stable_prefix.bench.stack import Configuration, started
-from stable_prefix.bench.token_states import common_prefix_length
-from stable_prefix.tools.servers import REPO_ROOT
+from stable_prefix.bench.workload.kv_sessions import KvSession, rendered, reply_ids
+from stable_prefix.bench.workload.kv_shapes import DISK_BUDGET_BYTES, RAM_BUDGET_BYTES, KvShape, model_bytes
+from stable_prefix.bench.workload.session import Request
+from stable_prefix.servers import REPO_ROOT
 
 MAX_TOKENS_SESSION = "session"
 
@@ -113,7 +113,7 @@ def _with_replies(tokens: SessionFile, requests: list[Request], outputs: dict[in
     return SessionFile(tokens.lanes, tokens.head_texts, tokens.prompts, replies, tokens.description)
 
 
-def _held_by_length(lengths: list[int] | None, session: SessionFile) -> list[list[int]] | None:
+def _held_by_length(lengths: list[int] | None, session: SessionFile) -> list[dict[str, Any]] | None:
     """The sequences of held entries of these lengths. An entry is the state a request ended with (its
     whole sequence), a prefix of it that fit the budget or that concurrent requests shared: the latest
     request whose sequence is that long, else the latest whose sequence it cuts after the prompt, else
@@ -128,7 +128,7 @@ def _held_by_length(lengths: list[int] | None, session: SessionFile) -> list[lis
         holder = holder if holder is not None else next((index for index, prompt, _ in latest_first if prompt >= length), None)
         if holder is None:
             return None
-        held.append(session.sequence(holder)[:length].tolist())
+        held.append({"tokens": session.sequence(holder)[:length].tolist(), "checkpoints": []})
     return held
 
 
@@ -140,7 +140,7 @@ def _lanes_warm(tokens: SessionFile, held: list[list[int]] | None) -> dict[str, 
     for lane, index in last.items():
         prompt = tokens.prompt(index)
         point = len(prompt) - 1
-        warm = None if held is None else any(common_prefix_length(np.asarray(sequence), prompt) >= point for sequence in held)
+        warm = None if held is None else any(common_prefix_length(np.asarray(entry["tokens"]), prompt) >= point for entry in held)
         lanes[lane] = {"last_request": index, "resume_point": point, "warm_in_ram": warm}
     return lanes
 

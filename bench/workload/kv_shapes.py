@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.engine_patch.disk.disk_tier import DEFAULT_BUDGET_BYTES
-from stable_prefix.tools.servers import REPO_ROOT
+from stable_prefix.servers import REPO_ROOT
 
 GiB = 2**30
 # A quarter of a 64 GB Mac, the engine's default share of RAM (engine_patch/__main__.py).

@@ -40,8 +40,9 @@ class SessionFile:
         return self.head_texts[index]
 
     def sequence(self, index: int) -> np.ndarray:
-        """What the engine holds after the request: the prompt and the reply tokens fed back (all but the last)."""
-        return np.concatenate([self.prompts[index], self.replies[index][:-1]])
+        """What the engine holds after the request: the prompt and every reply token (the batched engine's
+        cache holds the last one too: a 2,129-token prompt answered with 8 tokens leaves a 2,137-token entry)."""
+        return np.concatenate([self.prompts[index], self.replies[index]])
 
     def save(self, path: Path) -> None:
         meta = {"lanes": self.lanes, "head_texts": self.head_texts, "description": self.description}

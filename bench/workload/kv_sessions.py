@@ -2,7 +2,7 @@
 
 - `demo`: `make demo`'s session (2.1.332-shaped, scale 0.2, 36 requests);
 - `full`: `make bench FULL=1`'s (full size, its first 25 requests, ~492K prompt tokens);
-- `long`: one conversation of 100+ turns growing to a 128K context (`bench/long_session.py`).
+- `long`: one conversation of 100+ turns growing to a 128K context (`bench/workload/long_session.py`).
 
 Each request is rendered as the engine receives it behind the addon
 (`bench.run.as_received`, `bench.prompt_tokens.PromptRenderer`: vllm-mlx's own
@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
+from stable_prefix.bench.clients.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER
 from stable_prefix.bench.demo import DEMO_MAX_TOKENS, DEMO_SCALE
-from stable_prefix.bench.kv_session_file import SessionFile
-from stable_prefix.bench.long_session import generate_long_session
-from stable_prefix.bench.prompt_tokens import PromptRenderer
+from stable_prefix.bench.probes.kv_session_file import SessionFile
 from stable_prefix.bench.run import FULL_LIMIT, as_received
-from stable_prefix.bench.session import Request, generate_session
-from stable_prefix.bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER
-from stable_prefix.tools.servers import REPO_ROOT
+from stable_prefix.bench.workload.long_session import generate_long_session
+from stable_prefix.bench.workload.prompt_tokens import PromptRenderer
+from stable_prefix.bench.workload.session import Request, generate_session
+from stable_prefix.servers import REPO_ROOT
 
 TOKENS_CACHE = REPO_ROOT / "build" / "kv-bench-tokens"
 # Qwen's BPE ranks: seeded reply ids are drawn below its added tokens.
@@ -110,7 +110,7 @@ def _cache_path(session: KvSession, model_dir: Path, scale: float, reply_tokens:
     """Keyed by the session, its size, the replies, the tokenizer and chat template, and the generators' code."""
     digest = hashlib.sha256()
     for path in (model_dir / "tokenizer_config.json", model_dir / "tokenizer.json",
-                 *(REPO_ROOT / "bench" / name for name in ("session.py", "long_session.py", "kv_sessions.py", "prompt_tokens.py"))):
+                 *(REPO_ROOT / "bench" / "workload" / name for name in ("session.py", "long_session.py", "kv_sessions.py", "prompt_tokens.py"))):
         digest.update(path.read_bytes())
     digest.update(json.dumps([session.key, scale, reply_tokens]).encode())
     return TOKENS_CACHE / f"{session.key}-{scale:g}-{digest.hexdigest()[:16]}.npz"

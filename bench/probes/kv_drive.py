@@ -20,7 +20,7 @@ This script runs under any checkout's interpreter (`kv_bytes --engine-tree`):
 it imports the engine from the checkout whose venv runs it, and only plain
 modules of its own folder by path.
 
-    python bench/kv_drive.py --tokens T.npz --model build/tiny-kv-qwen3-coder-30b --layers 4 \\
+    python bench/probes/kv_drive.py --tokens T.npz --model build/tiny-kv-qwen3-coder-30b --layers 4 \\
         --ram-bytes 1431655765 --disk-bytes 1789569706 --disk-dir /tmp/kv --out run.json
 """
 
@@ -161,15 +161,9 @@ def extracted(live: list[Any]) -> list[Any]:
     return final
 
 
-def restored_bytes(live: list[Any], shapes: list[LayerShape]) -> int:
-    """The state a restored cache holds: its tokens' K and V, and its fixed arrays if any token was restored."""
-    total = 0
-    for layer, shape in zip(live, shapes):
-        if shape.kv is not None:
-            total += layer.offset * shape.bytes_per_token
-        elif any(array is not None for array in layer.cache):
-            total += shape.fixed_bytes
-    return total
+def restored_bytes(shapes: list[LayerShape], reused: int) -> int:
+    """The state a restore put in the cache: its tokens' K and V, and the fixed arrays of its positional layers."""
+    return sum(reused * shape.bytes_per_token + shape.fixed_bytes for shape in shapes)
 
 
 def scalar_stats(stats: dict[str, Any]) -> dict[str, Any]:
@@ -195,18 +189,25 @@ def flush_disk(cache: TieredCache) -> None:
         raise RuntimeError("the disk writer did not finish within an hour")
 
 
-def held_prefixes(cache: TieredCache, model: Any, identity: ModelIdentity) -> dict[str, list[list[int]] | None]:
-    """The token sequences each tier holds, as (first tokens, length) probes the parent matches to requests;
-    None where this engine's cache does not expose them (then its stats must say what it holds once)."""
+def held_entries(cache: TieredCache, identity: ModelIdentity) -> dict[str, list[dict[str, Any]] | None]:
+    """What each tier holds: every entry's (lane's) token ids and checkpoint positions; None where this
+    engine's cache does not show them (its stats must then count what it holds once)."""
+    held: dict[str, list[dict[str, Any]] | None] = {"ram": None, "disk": None}
     ram = getattr(cache.ram, "entries", None)
-    held: dict[str, list[list[int]] | None] = {"ram": None, "disk": None}
     if isinstance(ram, dict) and all(hasattr(entry, "tokens") for entry in ram.values()):
-        held["ram"] = [np.asarray(entry.tokens).tolist() for entry in ram.values()]
-    refreshed = getattr(cache.disk, "_refreshed_index", None)
+        held["ram"] = [_described(entry) for entry in ram.values()]
+    refreshed = getattr(cache.disk, "_refreshed_index", None)  # the disk's index: token ids from each file's header
     if refreshed is not None:
         with contextlib.suppress(Exception):
-            held["disk"] = [np.asarray(entry.tokens).tolist() for entry in refreshed(identity).values()]
+            held["disk"] = [_described(entry) for entry in refreshed(identity).values()]
     return held
+
+
+def _described(entry: Any) -> dict[str, Any]:
+    positions = getattr(entry, "checkpoint_positions", None)
+    if positions is None:
+        positions = [checkpoint.position for checkpoint in getattr(entry, "checkpoints", [])]
+    return {"tokens": np.asarray(entry.tokens).tolist(), "checkpoints": sorted(int(position) for position in positions)}
 
 
 def drive(args: argparse.Namespace) -> dict[str, Any]:
@@ -227,16 +228,20 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
         plan = planner.plan(model, tokenizer, prompt, (lambda text=head: text))
         if plan is None:
             raise RuntimeError(f"request {index}: the cache failed to restore: {cache.stats().get('last_fallback_reason')}")
-        mx.eval(live_arrays(plan.prompt_cache))
-        restore_s = time.perf_counter() - began
         live, position = plan.prompt_cache, plan.reused
-        restored = restored_bytes(live, shapes) if plan.reused else 0
+        # A restore is done once the first prefilled token can be written into the restored cache: a cache
+        # restored as views of the snapshot is copied there (into a buffer with room), one restored into
+        # a buffer with room is not.
+        filler.feed(live, 1)
+        restore_s = time.perf_counter() - began
+        restored = restored_bytes(shapes, plan.reused) if plan.reused else 0
+        position += 1
         for checkpoint_at in plan.checkpoint_at:
             filler.feed(live, checkpoint_at - position)
             planner.checkpoint(plan, live, checkpoint_at)
             position = checkpoint_at
         filler.feed(live, len(prompt) - position)
-        filler.feed(live, len(reply) - 1)  # the last reply token is sampled, never fed back
+        filler.feed(live, len(reply))  # the batched engine's cache holds every reply token (kv_session_file.sequence)
         final = extracted(live)
         del live
         plan.fetched.prompt_cache = None
@@ -254,7 +259,7 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
     end_stats = cache.stats()
     positional = any(shape.kv is None for shape in shapes)
     warm_in_ram = {lane: cache.restorable_prefix(session.prompt(index), positional) >= point for lane, (index, point) in resume_points.items()}
-    held = held_prefixes(cache, model, identity)
+    held = held_entries(cache, identity)
     cache.disk.close()
     files = sum(1 for path in args.disk_dir.rglob("*") if path.is_file())
     del cache
