@@ -140,7 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shapes", help=f"comma-separated, of {', '.join(SHAPES)} (default the three real shapes; tiny with --servers)")
     parser.add_argument("--layers", type=int, help="layers every in-process run takes (default: the most that fit this machine, per run)")
     parser.add_argument("--engine-tree", type=Path, action="append", default=[],
-                        help="also run the engine of this checkout (its own .venv), interleaved with this checkout's on the same requests")
+                        help="also run the engine of this checkout (its own .venv, else this one's), on the same requests, before this "
+                        "checkout's (the first engine is the one the others are compared with; name this checkout to put it first)")
     parser.add_argument("--name", help="output file stem (default today; servers with --servers)")
     parser.add_argument("--out", type=Path, default=OUT, help="output directory (default bench/results/kv)")
     parser.add_argument("--logs", type=Path, default=REPO_ROOT / "build" / "kv-bench-logs")
@@ -152,7 +153,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if key not in table:
             parser.error(f"{key!r}: unknown; choose from {', '.join(table)}")
     try:
-        args.engines = [*(EngineTree.of(tree) for tree in args.engine_tree), this_checkout()]
+        engines = [EngineTree.of(tree) for tree in args.engine_tree]
+        # This checkout's engine runs too, last, unless it is named among them (then where it is named).
+        args.engines = engines if any(engine.is_this_checkout for engine in engines) else [*engines, this_checkout()]
     except FileNotFoundError as error:
         parser.error(f"--engine-tree: {error}")
     return args

@@ -89,22 +89,23 @@ def targets_table(result: dict[str, Any]) -> list[str]:
 
 
 def paired_table(result: dict[str, Any]) -> list[str]:
-    """Where two engines ran: the second's figure over the first's, run by run."""
+    """Where several engines ran: each one's figures over the first's, run by run."""
     engines = [engine["label"] for engine in result["engines"]]
     if len(engines) < 2:
         return []
-    first, second = engines[0], engines[-1]
+    first = engines[0]
     by_key = {(run["shape"], run["engine"], run["session"]): run["figures"] for run in result["runs"]}
-    lines = [f"`{second}` over `{first}`, on the same requests:", "",
-             "| session | shape | disk written | RAM held | disk held | restore GB/s from RAM | from disk |", "|---|---|---|---|---|---|---|"]
-    for session in result["sessions"]:
-        for shape in result["shapes"]:
-            mine, theirs = by_key.get((shape, second, session)), by_key.get((shape, first, session))
-            if not mine or not theirs:
-                continue
-            cells = [_times(_over(mine[key], theirs[key])) for key in
-                     ("disk_bytes_written", "ram_bytes_held", "disk_bytes_held", "restore_gb_per_s_ram", "restore_gb_per_s_disk")]
-            lines.append(f"| {session} | {shape} | " + " | ".join(cells) + " |")
+    lines = [f"Each engine's figure over `{first}`'s, on the same requests:", "",
+             "| session | shape | engine | disk written | RAM held | disk held | files | restore GB/s from RAM | from disk |", "|---|---|---|---|---|---|---|---|---|"]
+    for engine in engines[1:]:
+        for session in result["sessions"]:
+            for shape in result["shapes"]:
+                mine, theirs = by_key.get((shape, engine, session)), by_key.get((shape, first, session))
+                if not mine or not theirs:
+                    continue
+                cells = [_times(_over(mine[key], theirs[key])) for key in
+                         ("disk_bytes_written", "ram_bytes_held", "disk_bytes_held", "disk_files", "restore_gb_per_s_ram", "restore_gb_per_s_disk")]
+                lines.append(f"| {session} | {shape} | {engine} | " + " | ".join(cells) + " |")
     return lines
 
 
