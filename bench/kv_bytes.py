@@ -145,6 +145,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--name", help="output file stem (default today; servers with --servers)")
     parser.add_argument("--out", type=Path, default=OUT, help="output directory (default bench/results/kv)")
     parser.add_argument("--logs", type=Path, default=REPO_ROOT / "build" / "kv-bench-logs")
+    parser.add_argument("--report", type=Path, metavar="RESULT.json", help="only write the Markdown report of a result again (beside it)")
     args = parser.parse_args(argv)
     args.name = args.name or ("servers" if args.servers else "today")
     args.sessions = [key.strip() for key in (args.sessions or ("demo,long" if args.servers else ",".join(SESSIONS))).split(",") if key.strip()]
@@ -164,6 +165,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("vllm_mlx").setLevel(logging.WARNING)  # its renderer logs every message merge
     args = parse_args(argv)
+    if args.report:
+        result = json.loads(args.report.read_text())
+        args.report.with_suffix(".md").write_text(kv_report.markdown(result))
+        print(kv_report.markdown(result))
+        return 0
     started = time.time()
     runs = servers(args) if args.servers else in_process(args)
     result = {

@@ -69,7 +69,7 @@ def through_servers(configs: list[Configuration], session: KvSession, shape: KvS
                     before = cache_stats(url) or {}
                     for result in replayers[config.key].step(step):
                         records[config.key].append(_record(result))
-                    stats = wait_for_disk_writes(url)
+                    stats = wait_for_disk_writes(url, timeout=1800)  # fsync can wait behind other writers of the disk
                     for record in records[config.key][-len(step):]:
                         record["stats"] = stats
                         record["from_disk"] = (stats.get("disk_loads") or 0) > (before.get("disk_loads") or 0)
