@@ -44,14 +44,26 @@ class EngineTree:
         tree = tree.resolve()
         if not (tree / "engine_patch").is_dir():
             raise FileNotFoundError(f"{tree}: not a stable-prefix checkout (no engine_patch/)")
-        label = f"{_git(tree, 'rev-parse', '--abbrev-ref', 'HEAD')} at {_git(tree, 'rev-parse', '--short', 'HEAD')}"
+        engine = f"engine {engine_digest(tree)}"
+        if (tree / ".git").exists():
+            label = f"{_git(tree, 'rev-parse', '--abbrev-ref', 'HEAD')} at {_git(tree, 'rev-parse', '--short', 'HEAD')}, {engine}"
+        else:
+            label = f"{tree.name}, {engine}"
         if tree == REPO_ROOT:
             return cls(label, tree, VENV_BIN / "python")
         python = tree / ".venv" / "bin" / "python"
         if python.exists():
             return cls(label, tree, python, cwd=tree)
         namespace = installed_namespace(tree)
-        return cls(f"{tree.name} (this venv)", tree, VENV_BIN / "python", {"PYTHONPATH": str(namespace)}, namespace)
+        return cls(f"{label} (this venv)", tree, VENV_BIN / "python", {"PYTHONPATH": str(namespace)}, namespace)
+
+
+def engine_digest(tree: Path) -> str:
+    """Which engine code a tree has: a digest of every file under its engine_patch/ (equal digests, the same engine)."""
+    digest = hashlib.sha256()
+    for path in sorted((tree / "engine_patch").rglob("*.py")):
+        digest.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:8]
 
 
 def this_checkout() -> EngineTree:
