@@ -179,7 +179,7 @@ bench: setup tiny-model tiny-model-bench rapid-mlx
 
 # What the engine's cache writes to disk and holds in RAM per session (make demo's, the full-size one, a long
 # one of 100+ turns), at three real models' KV shapes, in process (bench/kv_bytes.py) -> bench/results/kv/today.*
-# (~20 min on 2 cores; most of it disk writes). SERVERS=1: make demo's stack on the demo and long sessions, tiny
+# (~25 min on 2 cores; most of it disk writes). SERVERS=1: make demo's stack on the demo and long sessions, tiny
 # model -> bench/results/kv/servers.*. Another checkout's engine beside this one's, on the same requests:
 # BENCH_ARGS="--engine-tree /work/wt/baseline --name blocks".
 bench-kv: setup tiny-model tiny-kv-models
