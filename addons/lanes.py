@@ -10,7 +10,7 @@ A lane is identified by its signature: the sorted tool names (deferred tools
 that ToolSearch loads mid-conversation left out, and tools a late tool change
 adds) and the opening (first
 `OPENING_CHARS` characters) of each system text piece, with billing and date
-lines, a git status paragraph and conversation context (normalize's
+lines, a git status paragraph and conversation context (the rules'
 `conversation_context_spans`) left out. The opening is what a `/clear`
 leaves unchanged, so a new conversation of the same agent stays in its lane,
 and its break shows. A subagent instance (instances of one type run
@@ -80,19 +80,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stable_prefix.addons.normalize import (
-    Api,
-    conversation,
-    deferred_tool_names,
-    git_status_start,
-    is_billing_line,
-    is_date_line,
-    late_tool_names,
-    system_texts,
-    tool_names,
-    without_conversation_context,
-)
 from stable_prefix.addons.prompt_order import canonical_json, canonical_value
+from stable_prefix.addons.request_shape import Api, conversation, system_texts, tool_names
+from stable_prefix.addons.rules.billing_header import is_billing_line
+from stable_prefix.addons.rules.conversation_context import without_conversation_context
+from stable_prefix.addons.rules.date_line import is_date_line
+from stable_prefix.addons.rules.git_status import git_status_start
+from stable_prefix.addons.rules.loaded_tools import deferred_tool_names
+from stable_prefix.addons.rules.system_messages import late_tool_names
 
 OPENING_CHARS = 256
 INSTANCE_CHARS = 8

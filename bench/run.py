@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
-from stable_prefix.addons.normalize import Rules, api_for, normalize
+from stable_prefix.addons.normalize import Rules, normalize
+from stable_prefix.addons.request_shape import api_for
 from stable_prefix.bench import prefill_reference, proxy_overhead, report
 from stable_prefix.bench.incontext_prefill import InContextPrefill
 from stable_prefix.bench.metrics import Row, mark_cold_and_warm, output_agreement, paired_fan_out_ratio, paired_ratio, summarize
