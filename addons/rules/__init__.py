@@ -52,3 +52,28 @@ RULES: tuple[Rule, ...] = (
 
 def rule_named(name: str) -> Rule:
     return next(rule for rule in RULES if rule.name == name)
+
+
+def without_subjects(text: str) -> str:
+    """A system text without the runs the rules' spans find in it (whether those rules are on or
+    not), as they leave it: a span that runs to the end cut with the line breaks before it (a git
+    status paragraph), the others cut out."""
+    for rule in RULES:
+        if rule.spans is not None:
+            text = _cut(text, rule.spans(text))
+    return text
+
+
+def _cut(text: str, spans) -> str:
+    kept, position = [], 0
+    for start, end in spans:
+        kept.append(text[position:start])
+        if end is None:
+            return "".join(kept).rstrip("\n")
+        position = end
+    return "".join(kept) + text[position:]
+
+
+def is_subject_line(line: str) -> bool:
+    """A line of system text some rule takes out (a rule with spans is taken out by `without_subjects`)."""
+    return any(rule.line(line) for rule in RULES if rule.line is not None and rule.spans is None)

@@ -14,8 +14,9 @@ How a rule recognises its subject at a break, in the order the diagnosis asks
 prompt's segment there, the previous one's first), whether the line holding
 that byte is its subject (`Rule.line`), then whether the byte lies in a span
 of its subject (`Rule.spans`); then, of the whole break (`Break`), place by
-place (`Place`), `Rule.at_break`. A rule with none of them is never named as
-a cause (its subject is another rule's too: see `initial_context.py`).
+place (`Place`), `Rule.at_break`. A rule with none of them names the rule
+whose detectors find its subject (`Rule.named_by`: the initial context's
+system messages are the system messages rule's subject too).
 """
 
 from __future__ import annotations
@@ -135,3 +136,4 @@ class Rule:
     line: Callable[[str], bool] | None = None  # a line of system text that is its subject
     spans: Callable[[str], Iterable[tuple[int, int | None]]] | None = None  # (start, end) of its subject in a system text
     at_break: AtBreak | None = None
+    named_by: str | None = None  # without a detector of its own: the rule whose detectors name its subject

@@ -82,11 +82,6 @@ def context_spans(text: str) -> list[tuple[int, int]]:
     return [(start, end) for start, end, _ in conversation_context_spans(text)]
 
 
-def without_conversation_context(text: str) -> str:
-    """A system text as `relocate_conversation_context` leaves it."""
-    return _without_spans(text, conversation_context_spans(text))
-
-
 def _context_rank(what: str) -> int:
     return next(rank for name, rank, _ in (*SYSTEM_CONTEXT_OPENINGS, STARTUP_CONTEXT) if name == what)
 

@@ -6,9 +6,9 @@ conversation in the same repository then shares system, tools and that
 context, and parts only at the first user message. What the rule does: its
 option's help (docs/proxy.md's table shows it).
 
-It names no break of its own to the diagnosis: a system message it leaves in
-place (switched off) is one the system messages rule rewrites or, off too,
-names (`system_messages.holds_system_message`).
+It has no detector of its own: a system message it leaves in place (switched
+off) is one the system messages rule rewrites or, off too, names to the
+diagnosis (`system_messages.holds_system_message`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from stable_prefix.addons.request_shape import (
     is_model_output,
     leading_count,
 )
+from stable_prefix.addons.rules import system_messages
 from stable_prefix.addons.rules.base import Change, Option, Rule
 from stable_prefix.addons.rules.system_messages import wrap_reminder
 
@@ -76,4 +77,5 @@ RULE = Rule(
     done="moved before the first user message",
     apply=lead_with_stable_context,
     moves_messages=True,
+    named_by=system_messages.NAME,
 )
