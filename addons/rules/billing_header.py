@@ -1,9 +1,8 @@
 """billing_header: Claude Code's billing line out of the system prompt.
 
-It rotates per conversation, subagent call or even per request, and sits at
-byte 0 of the prompt. What the rule does: its option's help (docs/proxy.md's
-table shows it); the date line rule (`date_line.py`) drops its lines the same
-way (`drop_system_lines`).
+What the rule does, and why: its option's help below (docs/proxy.md's table
+shows it). The date line rule drops its lines the same way
+(`drop_system_lines`).
 """
 
 from __future__ import annotations

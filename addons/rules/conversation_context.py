@@ -1,12 +1,9 @@
 """conversation_context: system-prompt text that changes from one conversation
 to the next, moved into the first user message.
 
-Each piece changes between conversations (a day, a commit, a saved memory, a
-project) and sat before the tools or before reminders that never change, so a
-new conversation re-read all of those; where it lands, system prompt, tools
-and the agent's fixed reminders stay shared. What the rule does: its option's
-help (docs/proxy.md's table shows it). The agents' pieces are
-`SYSTEM_CONTEXT_OPENINGS` and `STARTUP_CONTEXT`.
+What the rule does, and why: its option's help below (docs/proxy.md's table
+shows it). The agents' pieces are `SYSTEM_CONTEXT_OPENINGS` and
+`STARTUP_CONTEXT`.
 """
 
 from __future__ import annotations
@@ -100,10 +97,8 @@ def _without_spans(text: str, spans: list[tuple[int, int, str]]) -> str:
 
 
 def relocate_conversation_context(body: dict, api: Api) -> list[Change]:
-    """Move conversation context into <system-reminder> text blocks of the first
-    user message, after the other reminders it starts with: from the system
-    prompt verbatim (`conversation_context_spans`), and from the first message
-    itself (`STARTUP_CONTEXT`), the least volatile first."""
+    """The pieces are found by `conversation_context_spans` in the system text and `STARTUP_CONTEXT`
+    in the first message, and put in by their rank (`SYSTEM_CONTEXT_OPENINGS`)."""
     if first_user_with_blocks(body, api) is None:
         return []
     text_type = TEXT_TYPE[api]

@@ -1,7 +1,7 @@
 """date_line (off by default): a `Today's date is …` line out of the system prompt.
 
-It changes once a day. What the rule does: its option's help (docs/proxy.md's
-table shows it).
+What the rule does, and why: its option's help below (docs/proxy.md's table
+shows it).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """git_status: a git status paragraph out of the system prompt, into the first user message.
 
-Older Claude Code releases (2.1.197) end their system prompt with it, before
-the tools, and it changes with every commit. What the rule does: its option's
-help (docs/proxy.md's table shows it).
+What the rule does, and why: its option's help below (docs/proxy.md's table
+shows it).
 """
 
 from __future__ import annotations
@@ -45,9 +44,6 @@ def git_status_span(text: str) -> list[tuple[int, None]]:
 
 
 def relocate_git_status(body: dict, api: Api) -> list[Change]:
-    """The first user message becomes a list of blocks (a string is its one
-    text block), so its bytes are the same whether Claude Code sends that
-    message as a list or, on later turns, as a string."""
     if first_user_with_blocks(body, api) is None:
         return []
     paragraphs, changes, emptied = [], [], []

@@ -1,10 +1,8 @@
 """initial_context: the system messages that lead a conversation moved to just
 before its first user message, as user messages.
 
-Claude Code 2.1.3xx sends its environment so, behind the git status: a new
-conversation in the same repository then shares system, tools and that
-context, and parts only at the first user message. What the rule does: its
-option's help (docs/proxy.md's table shows it).
+What the rule does, and why: its option's help below (docs/proxy.md's table
+shows it).
 
 It has no detector of its own: a system message it leaves in place (switched
 off) is one the system messages rule rewrites or, off too, names to the
@@ -33,9 +31,6 @@ NAME = "initial_context"
 
 
 def lead_with_stable_context(body: dict, api: Api) -> list[Change]:
-    """Those appended after an assistant message stay where they are
-    (`system_messages.rewrite_system_messages`). On the OpenAI and Responses
-    paths the leading system messages are the system prompt and stay."""
     messages = conversation(body, api)
     if messages is None:
         return []

@@ -1,9 +1,8 @@
 """loaded_tools: a deferred tool that ToolSearch loaded, written into the tool
 result that loaded it instead of into `tools`.
 
-`tools` is rendered before the whole history, so a tool inserted there
-mid-conversation re-reads everything after it. What the rule does: its
-option's help (docs/proxy.md's table shows it).
+What the rule does, and why: its option's help below (docs/proxy.md's table
+shows it).
 """
 
 from __future__ import annotations
@@ -117,9 +116,6 @@ def _inlined_content(blocks: list, from_json_string: bool, deferred: dict[str, d
 
 
 def inline_loaded_tools(body: dict, api: Api) -> list[Change]:
-    """The tool result, once written, reads the same on every later turn. A
-    reference we cannot rewrite leaves its tool in `tools`. Deferred tools no
-    reference loads go last (`_unloaded_last`)."""
     tools = body.get("tools")
     if not isinstance(tools, list):
         return []
@@ -210,7 +206,8 @@ RULE = Rule(
         "A tool marked `defer_loading` that a `tool_reference` block in a tool result loaded (ToolSearch) is taken out "
         "of `tools`, and its schema is written into that tool result in place of the reference, as ToolSearch's own "
         "description encodes it: `<functions>` / one `<function>{\"description\": …, \"name\": …, \"parameters\": …}"
-        "</function>` line per tool / `</functions>`. `tools` stays what the conversation started with; a deferred "
+        "</function>` line per tool / `</functions>`. `tools`, rendered before the whole history (a tool inserted there "
+        "mid-conversation re-read all that follows), stays what the conversation started with; a deferred "
         "tool no reference loads (Claude Code's placeholder; a tool loaded before `/compact`, whose ToolSearch result "
         "the summary replaced) goes last. On the OpenAI path (claude-code-router drops `defer_loading` and sends tool "
         "results as the JSON text of their blocks) a tool named by a `tool_reference` counts as loaded: ToolSearch only "

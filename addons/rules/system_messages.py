@@ -1,9 +1,8 @@
 """system_messages: a system message inside the conversation rewritten, in
 place, as a user message.
 
-vllm-mlx hoists system messages to the front of the prompt, so a new one at
-the tail changes the prefix. What the rule does: its option's help
-(docs/proxy.md's table shows it). Claude Code's late tool changes (betas
+What the rule does, and why: its option's help below (docs/proxy.md's table
+shows it). Claude Code's late tool changes (betas
 `mid-conversation-tool-changes-...` and `inline-tools-...`) arrive as such
 messages (`late_tool_change`).
 """
@@ -91,9 +90,6 @@ def wrap_reminder(content: Any, text_type: str = "text") -> Any | None:
 
 
 def rewrite_system_messages(body: dict, api: Api) -> list[Change]:
-    """Each rewrite looks at that one message only, so `messages[i]` comes out
-    the same on every later turn. On the OpenAI and Responses paths the
-    leading system messages are the system prompt proper and stay."""
     messages = conversation(body, api)
     if messages is None:
         return []

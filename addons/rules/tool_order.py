@@ -1,6 +1,6 @@
 """tool_order (off by default): the tool definitions sorted by name.
 
-What the rule does: its option's help (docs/proxy.md's table shows it).
+What the rule does: its option's help below (docs/proxy.md's table shows it).
 """
 
 from __future__ import annotations

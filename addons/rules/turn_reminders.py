@@ -1,10 +1,7 @@
 """turn_reminders: a reminder an agent puts on its newest user message for one
 request only, pinned to the first user message.
 
-The agent sends each on its newest message only (Qwen Code: on the newest one
-the user typed): the next request has that message without it, so a prefix
-cache re-reads everything from there, the whole last turn with its tool calls
-and results. What the rule does: its option's help (docs/proxy.md's table
+What the rule does, and why: its option's help below (docs/proxy.md's table
 shows it). The agents' reminders are `TURN_REMINDER_OPENINGS`.
 """
 
@@ -73,11 +70,8 @@ def insert_after_leading_reminders(messages: list, index: int, blocks: list, tex
 
 
 def pin_turn_reminders(body: dict, api: Api) -> list[Change]:
-    """Move the turn reminders of every user message to the first user
-    message, after the other reminders it starts with (an identical one only
-    once). In the first message the same text sits in the same place on every
-    request, and moves only when it changes (the date at midnight, a switch of
-    mode). A later message that holds nothing else is left as it is."""
+    """Qwen Code puts its reminder on the newest message the user typed, so a
+    later message may hold one; each text is moved once."""
     first_user = first_user_with_blocks(body, api)
     if first_user is None:
         return []
@@ -121,7 +115,8 @@ RULE = Rule(
         "pin_turn_reminders", bool, True,
         "Move a turn reminder, a `<system-reminder>` text part an agent attaches to its newest user message for one "
         "request and leaves off that message on the next (Qwen Code's `The current date is: …`; opencode's plan-mode "
-        "reminder and, once a plan was made, its switch-to-build one), from every user message to the first user "
+        "reminder and, once a plan was made, its switch-to-build one), so a prefix cache re-read that whole turn, its "
+        "tool calls and results, on the next request. It moves from every user message to the first user "
         "message, after the reminders it starts with (an identical one only once). Every request then carries it in "
         "the same place; it moves only when it changes (the date at midnight, a switch of mode). A message holding "
         "nothing but the reminder is left alone. See docs/agents.md.",
