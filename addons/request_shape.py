@@ -153,6 +153,25 @@ def drop_lines(text: str, is_volatile) -> tuple[str, int]:
     return result, dropped
 
 
+def take_from_system_text(body: dict, api: Api, take) -> list[tuple[str, Any, bool]]:
+    """Cut pieces out of each piece of system text: `take(text)` gives (the text kept, what was
+    taken), or None to leave it. A piece left blank goes (`remove_emptied`). Returns (path, what was
+    taken, whether the piece went) for each piece something was taken from, in order."""
+    taken, emptied = [], []
+    for path, container, key in list(system_text_places(body, api)):
+        found = take(container[key])
+        if found is None:
+            continue
+        kept, pieces = found
+        if kept.strip():
+            container[key] = kept
+        else:
+            emptied.append((path, container, key))
+        taken.append((path, pieces, not kept.strip()))
+    remove_emptied(body, api, emptied)
+    return taken
+
+
 def remove_emptied(body: dict, api: Api, emptied: list[tuple[str, Any, str]]) -> None:
     """Remove the system text places (as `system_text_places` yields them) a rule left empty."""
     if not emptied:

@@ -8,9 +8,8 @@ shows it). The date line rule drops its lines the same way
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from stable_prefix.addons.request_shape import Api, drop_lines, remove_emptied, system_text_places
+from stable_prefix.addons.request_shape import Api, drop_lines, take_from_system_text
 from stable_prefix.addons.rules.base import Change, Option, Rule
 
 NAME = "billing_header"
@@ -25,20 +24,11 @@ def is_billing_line(line: str) -> bool:
 def drop_system_lines(body: dict, api: Api, rule: str, is_volatile, what: str) -> list[Change]:
     """Drop matching lines from the system prompt; a text block or message
     left empty is removed entirely."""
-    changes: list[Change] = []
-    emptied: list[tuple[str, Any, str]] = []
-    for path, container, key in list(system_text_places(body, api)):
-        new_text, dropped = drop_lines(container[key], is_volatile)
-        if not dropped:
-            continue
-        if new_text.strip():
-            changes.append(Change(rule, path, f"removed {what} line"))
-            container[key] = new_text
-        else:
-            changes.append(Change(rule, path, f"removed {what} block"))
-            emptied.append((path, container, key))
-    remove_emptied(body, api, emptied)
-    return changes
+    def take(text: str) -> tuple[str, int] | None:
+        kept, dropped = drop_lines(text, is_volatile)
+        return (kept, dropped) if dropped else None
+
+    return [Change(rule, path, f"removed {what} {'block' if emptied else 'line'}") for path, _, emptied in take_from_system_text(body, api, take)]
 
 
 def strip_billing_header(body: dict, api: Api) -> list[Change]:

@@ -22,8 +22,7 @@ from stable_prefix.addons.request_shape import (
     first_user_index,
     first_user_with_blocks,
     is_text_block,
-    remove_emptied,
-    system_text_places,
+    take_from_system_text,
 )
 from stable_prefix.addons.rules.base import Change, Option, Rule
 from stable_prefix.addons.rules.turn_reminders import insert_after_leading_reminders
@@ -96,27 +95,22 @@ def _without_spans(text: str, spans: list[tuple[int, int, str]]) -> str:
     return "".join(kept) + text[position:]
 
 
+def _take_context(text: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """(the text without its conversation context, [(what, the piece)]), or None."""
+    spans = conversation_context_spans(text)
+    return (_without_spans(text, spans), [(what, text[start:end]) for start, end, what in spans]) if spans else None
+
+
 def relocate_conversation_context(body: dict, api: Api) -> list[Change]:
     """The pieces are found by `conversation_context_spans` in the system text and `STARTUP_CONTEXT`
     in the first message, and put in by their rank (`SYSTEM_CONTEXT_OPENINGS`)."""
     if first_user_with_blocks(body, api) is None:
         return []
     text_type = TEXT_TYPE[api]
-    pieces, changes, emptied = [], [], []
-    for path, container, key in list(system_text_places(body, api)):
-        text = container[key]
-        spans = conversation_context_spans(text)
-        if not spans:
-            continue
-        pieces += [(what, {"type": text_type, "text": SYSTEM_REMINDER_OPEN + text[start:end].rstrip("\n") + SYSTEM_REMINDER_CLOSE})
-                   for start, end, what in spans]
-        kept = _without_spans(text, spans)
-        if kept.strip():
-            container[key] = kept
-        else:
-            emptied.append((path, container, key))
-        changes.append(Change(NAME, path, ", ".join(what for _, _, what in spans) + " taken out"))
-    remove_emptied(body, api, emptied)
+    taken = take_from_system_text(body, api, _take_context)
+    pieces = [(what, {"type": text_type, "text": SYSTEM_REMINDER_OPEN + piece.rstrip("\n") + SYSTEM_REMINDER_CLOSE})
+              for _, found, _ in taken for what, piece in found]
+    changes = [Change(NAME, path, ", ".join(what for what, _ in found) + " taken out") for path, found, _ in taken]
     messages = conversation(body, api)  # the OpenAI path may have lost an emptied system message
     first_user = first_user_index(messages)
     content = as_blocks(messages[first_user]["content"], text_type)

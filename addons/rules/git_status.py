@@ -18,8 +18,7 @@ from stable_prefix.addons.request_shape import (
     conversation,
     first_user_index,
     first_user_with_blocks,
-    remove_emptied,
-    system_text_places,
+    take_from_system_text,
 )
 from stable_prefix.addons.rules.base import Change, Option, Rule
 
@@ -43,25 +42,20 @@ def git_status_span(text: str) -> list[tuple[int, None]]:
     return [] if start is None else [(start, None)]
 
 
+def _take_git_status(text: str) -> tuple[str, str] | None:
+    """(the text before the paragraph, the paragraph), or None."""
+    start = git_status_start(text)
+    return None if start is None else (text[:start].rstrip("\n"), text[start:])
+
+
 def relocate_git_status(body: dict, api: Api) -> list[Change]:
     if first_user_with_blocks(body, api) is None:
         return []
-    paragraphs, changes, emptied = [], [], []
-    for path, container, key in list(system_text_places(body, api)):
-        text = container[key]
-        start = git_status_start(text)
-        if start is None:
-            continue
-        paragraphs.append(text[start:])
-        kept = text[:start].rstrip("\n")
-        if kept.strip():
-            container[key] = kept
-        else:
-            emptied.append((path, container, key))
-        changes.append(Change(NAME, path, "git status paragraph taken out"))
-    if not paragraphs:
+    taken = take_from_system_text(body, api, _take_git_status)
+    if not taken:
         return []
-    remove_emptied(body, api, emptied)
+    paragraphs = [paragraph for _, paragraph, _ in taken]
+    changes = [Change(NAME, path, "git status paragraph taken out") for path, _, _ in taken]
     messages = conversation(body, api)  # the OpenAI path may have lost an emptied system message
     first_user = first_user_index(messages)
     text_type = TEXT_TYPE[api]
