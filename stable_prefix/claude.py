@@ -11,8 +11,8 @@ their Anthropic credentials are taken out of the environment, not sent.
 
 from __future__ import annotations
 
+from stable_prefix.agents.claude_code import CREDENTIAL_VARIABLES, stack_environment, user_binary
 from stable_prefix.launch import launch
-from stable_prefix.tools.claude_code import CREDENTIAL_VARIABLES, stack_environment, user_binary
 
 USAGE = "usage: stable-prefix claude [--port N] [--claude PATH] [claude arguments...]"
 

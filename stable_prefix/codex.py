@@ -15,8 +15,8 @@ stay where they are. Any Codex command works: `stable-prefix codex`,
 
 from __future__ import annotations
 
+from stable_prefix.agents.codex_cli import config_overrides, stack_settings, user_binary
 from stable_prefix.launch import launch
-from stable_prefix.tools.codex_cli import config_overrides, stack_settings, user_binary
 
 USAGE = "usage: stable-prefix codex [--port N] [--codex PATH] [codex arguments...]"
 

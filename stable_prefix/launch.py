@@ -3,7 +3,7 @@ and replacing this process with the agent, pointed at the stack by its environme
 
 Each agent's own part (which binary, which variables or options) is in its
 launcher module (`claude.py`, `opencode.py`, `qwen.py`, `codex.py`, `pi.py`) and its
-`tools/` module.
+`agents/` module.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from stable_prefix.agents.npm_package import AgentUnavailable
+from stable_prefix.servers import http_ok
 from stable_prefix.stack import DEFAULT_PORT, stack_state_path
-from stable_prefix.tools.npm_package import AgentUnavailable
-from stable_prefix.tools.servers import http_ok
 
 
 class CannotLaunch(Exception):

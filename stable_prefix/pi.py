@@ -2,7 +2,7 @@
 
 Reads where the stack is from the state file `stable-prefix up` writes, checks
 that it answers, writes a Pi extension for it next to that file
-(`pi-provider-PORT.js`, 0600; `tools/pi.py: extension_source`: one provider,
+(`pi-provider-PORT.js`, 0600; `stable_prefix/agents/pi.py: extension_source`: one provider,
 `stable-prefix`, OpenAI-compatible at the proxy, serving the stack's model
 with the output cap) and replaces itself with Pi (`pi` on PATH, or the pinned
 one in `.claude-cli/pi/`), told to load that extension and use that model
@@ -15,9 +15,9 @@ for the stack.
 from __future__ import annotations
 
 from stable_prefix.addons.capture_folder import write_private
+from stable_prefix.agents.pi import OFFLINE_ENVIRONMENT, extension_source, stack_arguments, user_binary
 from stable_prefix.launch import launch
 from stable_prefix.stack import stack_state_path
-from stable_prefix.tools.pi import OFFLINE_ENVIRONMENT, extension_source, stack_arguments, user_binary
 
 USAGE = "usage: stable-prefix pi [--port N] [--pi PATH] [pi arguments...]"
 

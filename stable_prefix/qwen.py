@@ -2,7 +2,7 @@
 
 Reads where the stack is from the state file `stable-prefix up` writes, checks
 that it answers, writes Qwen Code's settings for it next to that file
-(`qwen-settings-PORT.json`, 0600; `tools/qwen_code.py: stack_settings`: OpenAI
+(`qwen-settings-PORT.json`, 0600; `stable_prefix/agents/qwen_code.py: stack_settings`: OpenAI
 auth, the served model, no usage statistics, telemetry or update check) and
 replaces itself with Qwen Code (`qwen` on PATH, or the pinned one in
 `.claude-cli/qwen-code/`), the settings named by
@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 
 from stable_prefix.addons.capture_folder import write_private
+from stable_prefix.agents.qwen_code import stack_environment, stack_settings, user_binary
 from stable_prefix.launch import launch
 from stable_prefix.stack import stack_state_path
-from stable_prefix.tools.qwen_code import stack_environment, stack_settings, user_binary
 
 USAGE = "usage: stable-prefix qwen [--port N] [--qwen PATH] [qwen arguments...]"
 

@@ -29,12 +29,12 @@ from urllib.parse import urlsplit
 
 from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, session_name_now
 from stable_prefix.addons.capture_folder import claim_new_session, make_private_dirs, write_private
+from stable_prefix.agents.claude_code import stack_environment
+from stable_prefix.agents.claude_code_router import router_config
 from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE, parse_size
 from stable_prefix.engine_patch.install import ENGINES
 from stable_prefix.live import CaptureFollower, LogFollower
-from stable_prefix.tools.claude_code import stack_environment
-from stable_prefix.tools.claude_code_router import router_config
-from stable_prefix.tools.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
+from stable_prefix.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
 
 DEFAULT_PORT = 8080
 DEFAULT_WEB_PORT = 8081

@@ -4,7 +4,7 @@ and what its conversation looked like at both ends of our proxy, for its end-to-
 One stack (`agent_stack.py`: engine, door, proxy) serves a whole test module
 (`AgentUnderTest.stack_fixture`): its engine starts once, and what a test's first request shares with
 the module's earlier requests (system prompt, tools) is not prefilled again. `AgentUnderTest.in_stack`
-gives each test the agent's driver (`tools/opencode.py`, `tools/qwen_code.py`) in a fresh scratch
+gives each test the agent's driver (`stable_prefix/agents/opencode.py`, `stable_prefix/agents/qwen_code.py`) in a fresh scratch
 project, always at the same path (the agents write it into their prompts), nothing scripted at the
 engine's door until the test scripts it (`Stack.script`), and a window on the stack's records that
 starts with the test.
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from stable_prefix.tools.scratch_project import ScratchProject
+from stable_prefix.agents.scratch_project import ScratchProject
 from tests.support import agent_stack
 from tests.support.agent_stack import Stack
 from tests.support.llm_client import send
