@@ -533,9 +533,10 @@ class PrefixDiagnosis:
 def _summary_tail(total: dict) -> str:
     tail = ""
     if total["compared"]:
+        ratio = total["stable_prefix_ratio"]  # None when the lane's prompts held no bytes at all
         tail += (
             f" · prefix kept {total['prefix_kept']}/{total['compared']}"
-            f" · {total['stable_prefix_bytes']:,}/{total['total_bytes']:,} B stable ({total['stable_prefix_ratio']:.1%})"
+            f" · {total['stable_prefix_bytes']:,}/{total['total_bytes']:,} B stable" + (f" ({ratio:.1%})" if ratio is not None else "")
         )
     if total["breaks"]:
         tail += " · breaks: " + ", ".join(f"{cause} ×{count}" for cause, count in sorted(total["breaks"].items()))
