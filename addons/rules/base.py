@@ -16,7 +16,9 @@ that byte is its subject (`Rule.line`), then whether the byte lies in a span
 of its subject (`Rule.spans`); then, of the whole break (`Break`), place by
 place (`Place`), `Rule.at_break`. A rule with none of them names the rule
 whose detectors find its subject (`Rule.named_by`: the initial context's
-system messages are the system messages rule's subject too).
+system messages are the system messages rule's subject too). Lane signatures
+leave out what every rule's `line` and `spans` find, on or off
+(`rules.without_subjects`), so a rule's subject never splits a lane.
 """
 
 from __future__ import annotations
