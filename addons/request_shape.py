@@ -88,6 +88,11 @@ def is_reminder_block(block: Any) -> bool:
     return is_text_block(block) and block["text"].startswith("<system-reminder>")
 
 
+def reminder_block(text: str, text_type: str) -> dict:
+    """A text block holding `text` wrapped in <system-reminder>, as the rules write what they move."""
+    return {"type": text_type, "text": SYSTEM_REMINDER_OPEN + text + SYSTEM_REMINDER_CLOSE}
+
+
 def texts(content: Any) -> list[str]:
     """The texts of a message's (or tool result's) content: a string is its one text."""
     if isinstance(content, str):

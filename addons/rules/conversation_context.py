@@ -13,8 +13,6 @@ from typing import Any
 
 from stable_prefix.addons.request_shape import (
     CONVERSATION_KEY,
-    SYSTEM_REMINDER_CLOSE,
-    SYSTEM_REMINDER_OPEN,
     TEXT_TYPE,
     Api,
     as_blocks,
@@ -22,6 +20,7 @@ from stable_prefix.addons.request_shape import (
     first_user_index,
     first_user_with_blocks,
     is_text_block,
+    reminder_block,
     take_from_system_text,
 )
 from stable_prefix.addons.rules.base import Change, Option, Rule
@@ -108,8 +107,7 @@ def relocate_conversation_context(body: dict, api: Api) -> list[Change]:
         return []
     text_type = TEXT_TYPE[api]
     taken = take_from_system_text(body, api, _take_context)
-    pieces = [(what, {"type": text_type, "text": SYSTEM_REMINDER_OPEN + piece.rstrip("\n") + SYSTEM_REMINDER_CLOSE})
-              for _, found, _ in taken for what, piece in found]
+    pieces = [(what, reminder_block(piece.rstrip("\n"), text_type)) for _, found, _ in taken for what, piece in found]
     changes = [Change(NAME, path, ", ".join(what for what, _ in found) + " taken out") for path, found, _ in taken]
     messages = conversation(body, api)  # the OpenAI path may have lost an emptied system message
     first_user = first_user_index(messages)

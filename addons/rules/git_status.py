@@ -10,14 +10,13 @@ import re
 
 from stable_prefix.addons.request_shape import (
     CONVERSATION_KEY,
-    SYSTEM_REMINDER_CLOSE,
-    SYSTEM_REMINDER_OPEN,
     TEXT_TYPE,
     Api,
     as_blocks,
     conversation,
     first_user_index,
     first_user_with_blocks,
+    reminder_block,
     take_from_system_text,
 )
 from stable_prefix.addons.rules.base import Change, Option, Rule
@@ -59,7 +58,7 @@ def relocate_git_status(body: dict, api: Api) -> list[Change]:
     messages = conversation(body, api)  # the OpenAI path may have lost an emptied system message
     first_user = first_user_index(messages)
     text_type = TEXT_TYPE[api]
-    reminders = [{"type": text_type, "text": SYSTEM_REMINDER_OPEN + paragraph + SYSTEM_REMINDER_CLOSE} for paragraph in paragraphs]
+    reminders = [reminder_block(paragraph, text_type) for paragraph in paragraphs]
     messages[first_user] = {**messages[first_user], "content": reminders + as_blocks(messages[first_user]["content"], text_type)}
     return changes + [Change(NAME, f"{CONVERSATION_KEY[api]}[{first_user}]", "git status paragraph put first, in a <system-reminder>")]
 
