@@ -15,8 +15,14 @@ from tests.support.processes import REPO_ROOT
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO_ROOT), "--no-deps", "--quiet", "-w", str(out)],
+    # Built from a copy of what the wheel is made of: setuptools reuses the checkout's build/lib, where an older copy
+    # of a file (another checkout's, when build/ is shared) would go into the wheel.
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO_ROOT / name, source / name)
+    for folder in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values():
+        shutil.copytree(REPO_ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--quiet", "-w", str(out)],
                    check=True, capture_output=True, timeout=600)
     [built] = out.glob("stable_prefix-*.whl")
     return built
