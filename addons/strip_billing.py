@@ -127,14 +127,15 @@ class StripBilling:
         self.routing_headers = routing_headers_from_option(ctx.options.lane_routing_header)
         if ctx.options.routing_key_scope not in ROUTING_KEY_SCOPES:
             raise exceptions.OptionsError(f"routing_key_scope={ctx.options.routing_key_scope!r}: not one of {', '.join(ROUTING_KEY_SCOPES)}")
+        if getattr(ctx.options, engine_errors.OPTION) and getattr(ctx.options, "connection_strategy", None) == "eager":
+            # Eagerly, a client that connects while the engine is down is cut off before it sends a request,
+            # so there is nothing to answer; lazily, the request comes first and gets its 502. Set here, before
+            # the proxy listens (in `running` a client could connect while it was still eager).
+            ctx.options.update(connection_strategy="lazy")
+            logger.info(f"connection_strategy=lazy: a request while the engine is down gets an answer ({engine_errors.OPTION})")
 
     def running(self) -> None:
         exposure.warn_if_exposed(ctx.options)
-        if getattr(ctx.options, engine_errors.OPTION) and getattr(ctx.options, "connection_strategy", None) == "eager":
-            # Eagerly, a client that connects while the engine is down is cut off before it sends a request,
-            # so there is nothing to answer; lazily, the request comes first and gets its 502.
-            ctx.options.update(connection_strategy="lazy")
-            logger.info(f"connection_strategy=lazy: a request while the engine is down gets an answer ({engine_errors.OPTION})")
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
