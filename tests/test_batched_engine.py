@@ -162,11 +162,11 @@ def test_a_failing_restore_runs_the_request_uncached_and_counts_a_fallback(monke
     arrivals = two_turns(tokenizer)
     expected = reference(model, tokenizer, arrivals)
 
-    def broken_restore(layers):
+    def broken_restore(*args):
         raise RuntimeError("injected restore failure")
 
     with batched_seams() as seams, caplog.at_level(logging.WARNING, logger="engine_patch"):
-        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore", broken_restore)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore_from_blocks", broken_restore)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens
@@ -180,11 +180,11 @@ def test_a_failing_snapshot_keeps_the_answers_and_stores_nothing(monkeypatch):
     arrivals = two_turns(tokenizer)
     expected = reference(model, tokenizer, arrivals)
 
-    def broken_snapshot(prompt_cache, indices=None):
+    def broken_snapshot(*args):
         raise RuntimeError("injected snapshot failure")
 
     with batched_seams() as seams:
-        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.snapshot", broken_snapshot)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.copy_block", broken_snapshot)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens

@@ -194,7 +194,7 @@ def test_a_new_snapshot_replaces_the_one_whose_prompt_it_repeats(model, open_tie
     serve(cache, model, tokens(1, 100) + tokens(2, 20))
     assert tier.flush(timeout=60)
     (path,) = snapshot_files(directory)
-    assert len(read_header(path, tier.identity_for(model).key).tokens) == 120
+    assert len(read_header(path, tier.identity_for(model).key, "lane").tokens) == 120
 
 
 def file_bytes_of(model, open_tier, tmp_path, length: int) -> int:
@@ -217,7 +217,7 @@ def test_the_budget_is_never_exceeded_and_the_least_recently_used_goes_first(mod
     stats = tier.stats()
     assert stats["disk_bytes"] <= stats["disk_budget_bytes"]
     assert stats["disk_evictions"] >= 1
-    held = [read_header(path, tier.identity_for(model).key).tokens.tolist()[:150] for path in snapshot_files(directory)]
+    held = [read_header(path, tier.identity_for(model).key, "lane").tokens.tolist()[:150] for path in snapshot_files(directory)]
     assert lanes[1] not in held and lanes[2] in held
 
 
@@ -290,7 +290,7 @@ def test_a_disk_slower_than_the_requests_drops_the_oldest_pending_write(model, o
     assert tier.stats()["disk_writes_dropped"] == 1
     disk.release.set()
     assert tier.flush(timeout=60)
-    held = {tuple(read_header(path, tier.identity_for(model).key).tokens.tolist()) for path in snapshot_files(directory)}
+    held = {tuple(read_header(path, tier.identity_for(model).key, "lane").tokens.tolist()) for path in snapshot_files(directory)}
     assert held == {tuple(tokens(seed, 60)) for seed in (30, 32, 33)}
 
 
@@ -381,7 +381,7 @@ def test_a_full_disk_loses_the_write_not_the_request(model, open_tier, directory
     assert reused == 100  # RAM still serves it
     assert tier.flush(timeout=60)
     assert tier.stats()["disk_errors"] == 2 and "No space left" in tier.stats()["disk_last_error"]
-    assert list(directory.rglob("*.kv")) == []  # no temporary file left behind
+    assert snapshot_files(directory) == [] and list(directory.rglob(".tmp-*")) == []  # no temporary file left behind
 
 
 def test_a_disk_that_fills_up_during_a_write_loses_that_write_for_real_and_recovers_when_space_returns(model, open_tier, tmp_path):
@@ -400,7 +400,7 @@ def test_a_disk_that_fills_up_during_a_write_loses_that_write_for_real_and_recov
         cache = written(tier, model, conversation)
         stats = tier.stats()
         assert stats["disk_errors"] == 1 and "No space left on device" in stats["disk_last_error"] and stats["disk_writes"] == 0
-        assert [path.name for path in (mount / "kv").rglob("*.kv")] == []  # its temporary file removed, even on a full disk
+        assert [path.name for path in (mount / "kv").rglob("*.kv*")] == []  # its temporary files removed, even on a full disk
         reused, answer = serve(cache, model, conversation + [5])
         assert reused == 600  # RAM still serves it
         np.testing.assert_allclose(answer, cold_logits(model, conversation + [5]), atol=1e-4)
@@ -466,8 +466,9 @@ def test_two_servers_on_one_directory_share_snapshots_and_one_budget(model, open
     assert first.flush(timeout=60) and second.flush(timeout=60)
     assert first.stats()["disk_bytes"] <= int(size * 2.5)
     key = first.identity_for(model).key
-    for path in snapshot_files(directory):  # every file the two left is whole
-        load_arrays(path, read_header(path, key))
+    for kind, suffix in (("lane", "*.kv"), ("block", "*.kvblock")):  # every file the two left is whole
+        for path in (path for path in directory.rglob(suffix) if not path.name.startswith(".")):
+            load_arrays(path, read_header(path, key, kind))
     newest = tokens(64, 120)  # the second server's last state: the first one finds it
     reused, _ = serve(tiered(first), model, newest + [1])
     assert reused == 120 and first.stats()["disk_errors"] == 0 and second.stats()["disk_errors"] == 0

@@ -2,6 +2,8 @@
 eviction order, the byte budget, and that a restored cache computes exactly what
 a full prefill computes."""
 
+import gc
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -234,19 +236,28 @@ def test_an_admitted_entry_larger_than_the_budget_keeps_the_longest_prefix_that_
     assert ram.fetch(model, prompt + [1]).reused == 25
 
 
-@pytest.mark.parametrize("length", [40, 1000], ids=["copied-snapshot", "shared-buffer-snapshot"])
+def held_arrays(cache: PrefixCache) -> list[np.ndarray]:
+    """Every array the cache's blocks and positional states hold, copied out."""
+    arrays = []
+    for entry in cache.entries.values():
+        arrays += [np.array(part) for ref in entry.blocks for pair in ref.block.arrays if pair is not None for part in pair]
+        arrays += [np.array(array) for layer in entry.layers if layer is not None for array in layer.state]
+    return arrays
+
+
+@pytest.mark.parametrize("length", [40, 1000], ids=["one-block", "several-blocks"])
 def test_a_restored_cache_never_writes_into_the_snapshot(model, length):
     cache = PrefixCache(budget_bytes=10**9)
     stored = tokens(1, length)
     cache.store(stored, prefilled(model, stored))
-    held = [np.array(array) for layer in cache.entries[0].layers for array in layer.state]
+    held = held_arrays(cache)
 
     # Trimmed, then extended: the cache writes new keys into its existing buffer.
     first = cache.fetch(model, stored[: length - 10] + tokens(5, 8))
     last_logits(model, first.prompt_cache, tokens(5, 8))
     last_logits(model, first.prompt_cache, tokens(6, 3))
 
-    after = [np.array(array) for layer in cache.entries[0].layers for array in layer.state]
+    after = held_arrays(cache)
     for before_array, after_array in zip(held, after):
         np.testing.assert_array_equal(before_array, after_array)
     second = cache.fetch(model, stored + [9])
@@ -270,11 +281,26 @@ def test_a_short_state_is_copied_down_to_its_tokens(model):
     assert nbytes == 10 * bytes_per_token(model)
 
 
-def test_a_long_state_shares_the_finished_requests_buffers_and_counts_them_whole(model):
-    live = prefilled(model, tokens(1, 1000))  # held in a 1,024-token buffer
-    layers, nbytes = snapshot(live)
-    assert all(array.shape[2] == 1000 for layer in layers for array in layer.state)
-    assert nbytes == 1024 * bytes_per_token(model)
+def test_a_long_state_is_kept_as_blocks_of_its_tokens(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    cache.store(tokens(1, 1000), prefilled(model, tokens(1, 1000)))  # held in a 1,024-token buffer
+    (entry,) = cache.entries.values()
+    assert [(ref.start, ref.end) for ref in entry.blocks] == [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    assert cache.stats()["bytes"] == 1000 * bytes_per_token(model)  # the tokens, not the buffer behind them
+
+
+def test_a_stored_state_is_copied_out_of_the_live_buffer_and_never_keeps_it_alive(model):
+    prompt = tokens(1, 1000)
+    live = prefilled(model, prompt)  # a 1,024-token buffer per layer
+    mx.eval([layer.state for layer in live])
+    gc.collect()
+    with_live = mx.get_active_memory()
+    cache = PrefixCache(budget_bytes=10**9)
+    cache.store(prompt[:300], live)
+    del live
+    gc.collect()
+    # A slice of the live buffer would keep all 1,024 tokens' arrays alive.
+    assert mx.get_active_memory() <= with_live - (1024 - 300) * bytes_per_token(model) + 4096
 
 
 def test_a_quantized_cache_is_refused_and_a_sliding_window_accepted():
@@ -344,7 +370,7 @@ def test_a_checkpoint_shared_by_two_lanes_is_counted_once(hybrid):
     cache.store(second, fetched.prompt_cache, 30, fetched.inherited)
     entries = list(cache.entries.values())
     assert len(entries) == 2 and entries[0].checkpoints[0] is entries[1].checkpoints[0]
-    assert cache.stats()["bytes"] == entries[0].nbytes + entries[1].nbytes + checkpoints[0].nbytes
+    assert cache.stats()["bytes"] == cache.blocks.nbytes + entries[0].nbytes + entries[1].nbytes + checkpoints[0].nbytes
 
 
 def test_a_hybrid_entry_is_never_larger_than_the_budget(hybrid):
