@@ -50,23 +50,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from stable_prefix.engine_patch.cache.cache_layers import snapshot_nbytes
-from stable_prefix.engine_patch.cache.kv_blocks import Block, BlockRef, covering
-from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint, own_nbytes
-from stable_prefix.engine_patch.cache.prefix_index import Match, best_match, placement, repeats_prompt_of, restorable_length
+from stable_prefix.engine_patch.cache.kv_blocks import Block
+from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint
+from stable_prefix.engine_patch.cache.prefix_index import Match, best_match, placement, repeats_prompt_of
 
+from .lane_load import LaneLoad
+from .lane_write_plan import WritePlan
 from .model_identity import DigestMemo, ModelIdentity, identity_of, loaded_model_description
 from .persisted_entry import (
-    BlockPiece,
     LaneRecord,
     block_arrays,
-    block_from_arrays,
-    cut,
     lane_metadata,
     lane_record,
     record_of,
     state_arrays,
-    state_from_arrays,
     state_keys,
 )
 from .snapshot_directory import BLOCK, FOLDERS, LANE, STATE, LaneUnit, SnapshotDirectory, free_and_total_bytes
@@ -77,7 +74,6 @@ from .snapshot_file import (
     SnapshotFileError,
     format_version_of,
     host_view,
-    load_arrays,
     prepare_snapshot,
     read_header,
     token_array,
@@ -281,9 +277,9 @@ class DiskTier:
             return None
         except Exception as error:
             self.count_error(f"reading {path}; deleted it, this request runs without it", error)
-            self._delete_bad_file(path)
+            self.delete_bad_file(path)
             return None
-        read = _Reading(self, folder, record, header.file_bytes)
+        read = LaneLoad(self.files, folder, record, header.file_bytes, self)
         length = read.blocks_up_to(match.length, held_blocks)
         entry = read.entry(length, held_checkpoints or {})
         if entry is None:
@@ -379,16 +375,17 @@ class DiskTier:
             return
         positional = bool(pending.record.positional)
         if placement(self._refreshed_index(identity).items(), pending.tokens, pending.checkpoint_positions, positional).held_by is not None:
-            self._count(writes_skipped=1)  # the directory already restores everything this lane would
+            self.count(writes_skipped=1)  # the directory already restores everything this lane would
             return
         started = time.perf_counter()
         blocks = {key: prepare_snapshot("block", identity.key, *data) for key, data in pending.blocks.items()}
         states = {key: prepare_snapshot("state", identity.key, *data) for key, data in pending.states.items()}
         folder = self.files.folder(identity)
         with self.files.lock():
-            plan = _WritePlan(self, folder, pending.record, blocks, states)
+            plan = WritePlan(self.files, folder, pending.record, blocks, states)
+            self.learn_what_is_on_disk(folder, plan.present_block_files, plan.present_state_files)
             if plan.record is None:
-                self._count(writes_skipped=1)
+                self.count(writes_skipped=1)
                 return
             record = replace(plan.record, name=uuid.uuid4().hex, written_at=time.time())
             manifest = prepare_snapshot("lane", identity.key, {"tokens": token_array(record.tokens)}, lane_metadata(record))
@@ -413,20 +410,20 @@ class DiskTier:
                 self.counters.write_seconds += time.perf_counter() - started
             self._delete_replaced(identity, final, record)
 
-    def _make_room(self, plan: _WritePlan, manifest_bytes: int) -> bool:
+    def _make_room(self, plan: WritePlan, manifest_bytes: int) -> bool:
         """Evict lanes until the write fits the budget (call under the directory lock); False: it never will."""
         limit, limited_by = self.files.budget_limit()
         if plan.footprint + manifest_bytes > limit:
             self._warn_once("too-large", "disk cache: a %.1f MiB lane does not fit the disk budget (%.1f MiB now, set by %s); not written",
                             (plan.footprint + manifest_bytes) / 2**20, limit / 2**20, limited_by)
-            self._count(writes_skipped=1)
+            self.count(writes_skipped=1)
             return False
         fits, deleted = self.files.evict_until(limit - plan.new_bytes - manifest_bytes, self._lane_units(), plan.protected)
         self._evicted(deleted)
         if not fits:
             self._warn_once("no-room", "disk cache: evicting every other lane leaves no room for a %.1f MiB write; not written",
                             (plan.new_bytes + manifest_bytes) / 2**20)
-            self._count(writes_skipped=1)
+            self.count(writes_skipped=1)
         return fits
 
     def _write_files(self, folder: Path, kind: str, prepared: dict[str, PreparedSnapshot], epoch: int) -> bool:
@@ -436,7 +433,7 @@ class DiskTier:
         for key, file in prepared.items():
             if not self._write_one(self.files.place(folder, kind, key), file, epoch):
                 return False
-            self._count(**{f"{kind}s_written": 1}, bytes_written=file.file_bytes)
+            self.count(**{f"{kind}s_written": 1}, bytes_written=file.file_bytes)
         self.files.sync(folder / FOLDERS[kind])
         return True
 
@@ -511,7 +508,7 @@ class DiskTier:
                 record = None  # another model's: eviction takes it as it is
             else:
                 self.count_error(f"reading the header of {path}; deleted it", error)
-                self._delete_bad_file(path)
+                self.delete_bad_file(path)
                 return None
         with self._lock:
             self._records[path] = record
@@ -547,7 +544,7 @@ class DiskTier:
         with self._lock:
             self._records.pop(path, None)
 
-    def _delete_bad_file(self, path: Path) -> None:
+    def delete_bad_file(self, path: Path) -> None:
         self._forget(path)
         try:
             path.unlink()
@@ -566,7 +563,7 @@ class DiskTier:
                 self.count_error(f"removing the unfinished write {path}", error)
                 continue
             logger.warning("disk cache: removed %s, left by a write that did not finish", path)
-            self._count(temp_files_removed=1)
+            self.count(temp_files_removed=1)
 
     def _remove_legacy_files(self) -> None:
         """Delete files of the formats that kept a whole lane per file (their identities are never this build's)."""
@@ -582,7 +579,7 @@ class DiskTier:
         if removed:
             logger.warning("disk cache: removed %d snapshot files of older formats (whole lanes, %.1f MiB) from %s; "
                            "this build keeps each KV block once", removed, freed / 2**20, self.directory)
-            self._count(legacy_files_removed=removed)
+            self.count(legacy_files_removed=removed)
 
     # --- errors, clearing and stats -----------------------------------------------
 
@@ -593,7 +590,7 @@ class DiskTier:
         kind = f"{what.split(' ')[0]}:{type(error).__name__}:{getattr(error, 'errno', '')}"
         self._warn_once(kind, "disk cache: %s: %r", what, error)
 
-    def _count(self, **increments: int) -> None:
+    def count(self, **increments: int) -> None:
         with self._lock:
             for name, increment in increments.items():
                 setattr(self.counters, name, getattr(self.counters, name) + increment)
@@ -658,110 +655,6 @@ class DiskTier:
         except OSError as error:
             return {"disk_effective_budget_bytes": 0, "disk_budget_limited_by": f"the directory cannot be read ({error})"}
         return {"disk_effective_budget_bytes": effective, "disk_budget_limited_by": reason}
-
-
-class _WritePlan:
-    """What one write puts on disk, decided under the directory lock from what the directory holds.
-
-    A block the lane refers to that is neither on disk nor carried by the
-    write (another server evicted it after this tier last saw it) ends the
-    lane at the longest prefix before it that it restores (`truncated`).
-    """
-
-    def __init__(self, tier: DiskTier, folder: Path, record: LaneRecord, blocks: dict[str, PreparedSnapshot],
-                 states: dict[str, PreparedSnapshot]):
-        present_blocks, present_states = tier.files.sizes(folder, BLOCK), tier.files.sizes(folder, STATE)
-        tier.learn_what_is_on_disk(folder, present_blocks, present_states)
-        positional = bool(record.positional)
-        length = len(record.tokens)
-        for piece in record.blocks:
-            if piece.key not in present_blocks and piece.key not in blocks:
-                length = restorable_length(len(record.tokens), record.checkpoint_positions, piece.start, positional)
-                break
-        while length > 0 and positional and any(key not in present_states and key not in states for key in state_keys(cut(record, length))):
-            length = restorable_length(len(record.tokens), record.checkpoint_positions, length - 1, positional)
-        self.truncated = length < len(record.tokens)
-        self.record = cut(record, length) if length > 0 else None
-        if self.record is None:
-            return
-        block_keys = list(dict.fromkeys(piece.key for piece in self.record.blocks))
-        keys_of_states = state_keys(self.record)
-        self.new_blocks = {key: blocks[key] for key in block_keys if key not in present_blocks}
-        self.new_states = {key: states[key] for key in keys_of_states if key not in present_states}
-        self.present_blocks = [key for key in block_keys if key in present_blocks]
-        self.protected = {tier.files.place(folder, BLOCK, key) for key in self.present_blocks}
-        self.protected |= {tier.files.place(folder, STATE, key) for key in keys_of_states if key in present_states}
-        self.new_bytes = sum(file.file_bytes for file in (*self.new_blocks.values(), *self.new_states.values()))
-        self.footprint = self.new_bytes + sum(present_blocks[key] for key in self.present_blocks) + sum(
-            present_states[key] for key in keys_of_states if key in present_states)
-
-
-class _Reading:
-    """One load: the blocks and states of a lane that RAM does not hold, read and checked in order."""
-
-    def __init__(self, tier: DiskTier, folder: Path, record: LaneRecord, manifest_bytes: int):
-        self.tier, self.folder, self.record = tier, folder, record
-        self.positional = bool(record.positional)
-        self.bytes_loaded, self.blocks_loaded = manifest_bytes, 0
-        self.refs: list[BlockRef] = []
-
-    def blocks_up_to(self, length: int, held_blocks: Callable[[list[str]], dict[str, Block]]) -> int:
-        """Collect the blocks of the first `length` tokens; the length they restore (shorter if one is bad or gone)."""
-        pieces: list[BlockPiece] = cut(self.record, length).blocks
-        held = held_blocks([piece.key for piece in pieces])
-        for piece in pieces:
-            block = held.get(piece.key) or self._read(BLOCK, piece.key, lambda arrays, metadata, piece=piece:
-                                                       block_from_arrays(piece, arrays, metadata, self.record))
-            if block is None:
-                return self._restorable(piece.start)
-            self.refs.append(BlockRef(block, piece.used))
-        return length
-
-    def entry(self, length: int, held_checkpoints: dict[str, Checkpoint]) -> CachedPrefix | None:
-        """The entry of the first `length` tokens, its positional states read (shorter if the state at its end is bad)."""
-        states: dict[str, Checkpoint | None] = {}
-
-        def state(key: str, position: int, pinned: bool = False) -> Checkpoint | None:
-            if key not in states:
-                held = held_checkpoints.get(key)
-                layers = held.layers if held is not None and held.position == position else self._read(
-                    STATE, key, lambda arrays, metadata: state_from_arrays(key, position, arrays, metadata, self.record))
-                states[key] = None if layers is None else Checkpoint(position, layers, snapshot_nbytes(layers), pinned, key)
-            return states[key]
-
-        while length > 0:
-            lane = cut(self.record, length)
-            end = state(lane.end_state, length) if self.positional else None
-            if end is None and self.positional:
-                length = self._restorable(length - 1)
-                continue
-            checkpoints = [found for c in lane.checkpoints if (found := state(c.key, c.position, c.pinned)) is not None]
-            layers = list(end.layers) if end is not None else [None] * lane.layer_count
-            return CachedPrefix(lane.tokens, covering(self.refs, length), layers, own_nbytes(layers, checkpoints), lane.prompt_length,
-                                checkpoints, lane.turns)
-        return None
-
-    def _restorable(self, limit: int) -> int:
-        return restorable_length(len(self.record.tokens), self.record.checkpoint_positions, limit, self.positional)
-
-    def _read(self, kind: str, key: str, build: Callable[[dict, dict], Any]) -> Any:
-        """A block or state file, checked and built; None if it is gone (counted) or bad (deleted, counted)."""
-        path = self.tier.files.place(self.folder, kind, key)
-        try:
-            header = read_header(path, self.folder.name, kind)
-            built = build(load_arrays(path, header), header.metadata)
-        except FileNotFoundError:
-            logger.info("disk cache: %s of lane %s is gone (another server evicted it); the lane restores the prefix before it",
-                        path.name, self.record.name)
-            self.tier._count(blocks_missing=1)
-            return None
-        except Exception as error:
-            self.tier.count_error(f"reading {path}; deleted it, the lane restores the prefix before it", error)
-            self.tier._delete_bad_file(path)
-            return None
-        self.bytes_loaded += header.file_bytes
-        self.blocks_loaded += kind == BLOCK
-        return built
 
 
 def _host_arrays(arrays: dict[str, Any], metadata: dict[str, str]) -> tuple[dict[str, HostArray], dict[str, str]]:
