@@ -11,6 +11,7 @@ import mlx_lm
 import pytest
 
 from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
+from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
 from stable_prefix.engine_patch.cache.shared_prefill import MIN_SHARED_TOKENS
 from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
 from tests.support.family_chat import FAMILY_MODELS, chat_head, prompt, resume_position
@@ -57,12 +58,14 @@ def lanes(tokenizer) -> list[Arrival]:
     ]
 
 
+@pytest.mark.parametrize("block_tokens", [BLOCK_TOKENS, 16], ids=["blocks-as-served", "16-token-blocks"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_tokens_with_our_cache_equal_the_batched_engine_without_it_on_overlapping_lanes(family):
+def test_greedy_tokens_with_our_cache_equal_the_batched_engine_without_it_on_overlapping_lanes(family, block_tokens):
+    """With small blocks too: a restore then concatenates many blocks, some used in part."""
     model, tokenizer = load(family)
     arrivals = lanes(tokenizer)
     expected = reference(model, tokenizer, arrivals)
-    with batched_seams() as seams:
+    with batched_seams(block_tokens=block_tokens) as seams:
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens

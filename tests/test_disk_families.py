@@ -20,6 +20,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from stable_prefix.engine_patch.cache.cache_layers import positional_indices
+from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
 from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache, footprint
 from stable_prefix.engine_patch.cache.prefix_index import common_prefix_length
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
@@ -63,12 +64,13 @@ def family(request) -> Family:
     return Family(request.param, model_dir, model, tokenizer, bool(positional_indices(make_prompt_cache(model))), chat_head(tokenizer))
 
 
-def start_life(family: Family, directory: Path, ram_budget: int = RAM_BUDGET, disk_budget: int = DISK_BUDGET) -> Life:
+def start_life(family: Family, directory: Path, ram_budget: int = RAM_BUDGET, disk_budget: int = DISK_BUDGET,
+               block_tokens: int = BLOCK_TOKENS) -> Life:
     """What a server does once it has loaded the model: a RAM cache over a disk tier on `directory`."""
     tier = DiskTier(directory, disk_budget)
     tier.model_loaded(family.model, family.model_dir)
     assert tier.identity_for(family.model, wait=120) is not None
-    cache = TieredCache(PrefixCache(budget_bytes=ram_budget), tier)
+    cache = TieredCache(PrefixCache(budget_bytes=ram_budget, block_tokens=block_tokens), tier)
     return Life(CachedGeneration(ORIGINAL_STREAM_GENERATE, cache), cache, tier)
 
 
@@ -162,6 +164,15 @@ def test_after_a_restart_the_next_turn_is_restored_from_disk_and_answers_as_cold
     assert reuse.reused >= resume_position(family.tokenizer, prompt(family.tokenizer, "main", 3))
     stats = life.tier.stats()
     assert stats["disk_hits"] == 1 and stats["disk_loads"] == 1 and stats["disk_errors"] == 0
+
+
+def test_a_lane_of_many_small_blocks_comes_back_after_a_restart_and_answers_as_cold(family, lives, tmp_path):
+    """16-token blocks: the restored lane is many block files, the last one used in part."""
+    live_through(lives(family, tmp_path / "kv", RAM_BUDGET, DISK_BUDGET, 16), family, FIRST_LIFE)
+    restarted = lives(family, tmp_path / "kv", RAM_BUDGET, DISK_BUDGET, 16)
+    reuse = answer_as_cold(restarted, family, prompt(family.tokenizer, "main", 5))
+    assert reuse.reused >= resume_position(family.tokenizer, prompt(family.tokenizer, "main", 3))
+    assert restarted.tier.stats()["disk_blocks_loaded"] >= reuse.reused // 16 and restarted.tier.stats()["disk_errors"] == 0
 
 
 def test_after_a_restart_a_new_conversation_reuses_the_shared_head_and_answers_as_cold(family, lives, restarted_dir):

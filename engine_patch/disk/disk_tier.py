@@ -136,8 +136,10 @@ class DiskCounters:
     writes: int = 0  # lanes written (manifests committed)
     bytes_written: int = 0  # every byte written: blocks, states and manifests
     blocks_written: int = 0
+    block_bytes_written: int = 0
     blocks_reused: int = 0  # blocks a written lane refers to that the directory held already
-    states_written: int = 0
+    states_written: int = 0  # positional states (checkpoints, end states)
+    state_bytes_written: int = 0
     write_seconds: float = 0.0
     writes_dropped: int = 0  # the queue was full: the disk is slower than the requests
     writes_superseded: int = 0  # a newer pending write repeats its whole prompt
@@ -371,17 +373,15 @@ class DiskTier:
 
     def _write(self, pending: PendingWrite, epoch: int) -> None:
         identity = pending.identity.result()
-        if identity is None:
-            return
-        positional = bool(pending.record.positional)
-        if placement(self._refreshed_index(identity).items(), pending.tokens, pending.checkpoint_positions, positional).held_by is not None:
-            self.count(writes_skipped=1)  # the directory already restores everything this lane would
+        if identity is None or self._held_on_disk(identity, pending.record):
             return
         started = time.perf_counter()
         blocks = {key: prepare_snapshot("block", identity.key, *data) for key, data in pending.blocks.items()}
         states = {key: prepare_snapshot("state", identity.key, *data) for key, data in pending.states.items()}
         folder = self.files.folder(identity)
         with self.files.lock():
+            if self._held_on_disk(identity, pending.record):  # another server wrote it while this one prepared
+                return
             plan = WritePlan(self.files, folder, pending.record, blocks, states)
             self.learn_what_is_on_disk(folder, plan.present_block_files, plan.present_state_files)
             if plan.record is None:
@@ -410,6 +410,14 @@ class DiskTier:
                 self.counters.write_seconds += time.perf_counter() - started
             self._delete_replaced(identity, final, record)
 
+    def _held_on_disk(self, identity: ModelIdentity, record: LaneRecord) -> bool:
+        """Whether a lane on disk restores everything `record` would (counted as a skipped write)."""
+        index = self._refreshed_index(identity).items()
+        if placement(index, record.tokens, record.checkpoint_positions, bool(record.positional)).held_by is None:
+            return False
+        self.count(writes_skipped=1)
+        return True
+
     def _make_room(self, plan: WritePlan, manifest_bytes: int) -> bool:
         """Evict lanes until the write fits the budget (call under the directory lock); False: it never will."""
         limit, limited_by = self.files.budget_limit()
@@ -433,7 +441,7 @@ class DiskTier:
         for key, file in prepared.items():
             if not self._write_one(self.files.place(folder, kind, key), file, epoch):
                 return False
-            self.count(**{f"{kind}s_written": 1}, bytes_written=file.file_bytes)
+            self.count(**{f"{kind}s_written": 1, f"{kind}_bytes_written": file.file_bytes}, bytes_written=file.file_bytes)
         self.files.sync(folder / FOLDERS[kind])
         return True
 
