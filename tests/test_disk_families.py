@@ -24,7 +24,7 @@ from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
 from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache, footprint
 from stable_prefix.engine_patch.cache.prefix_index import common_prefix_length
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
-from stable_prefix.engine_patch.disk.persisted_entry import LaneRecord, lane_record, state_keys
+from stable_prefix.engine_patch.disk.persisted_entry import LaneRecord, lane_record, state_keys, with_tokens
 from stable_prefix.engine_patch.disk.snapshot_directory import BLOCK, STATE, SnapshotDirectory
 from stable_prefix.engine_patch.disk.snapshot_file import read_header
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
@@ -138,9 +138,12 @@ def snapshot_files(directory: Path) -> list[Path]:
 
 
 def lane_of(path: Path) -> LaneRecord:
-    """The lane a manifest describes (its model: the folder it is in)."""
-    header = read_header(path, path.parent.parent.name, "lane")
-    return lane_record(path.stem, header.tokens, header.metadata, header.file_bytes)
+    """The lane a manifest describes, with its blocks' token ids (its model: the folder it is in)."""
+    folder = path.parent.parent
+    header = read_header(path, folder.name, "lane")
+    record = lane_record(path.stem, header.metadata, header.file_bytes)
+    return with_tokens(record, {piece.key: read_header(SnapshotDirectory.place(folder, BLOCK, piece.key), folder.name, "block").tokens
+                                for piece in record.blocks})
 
 
 def files_of_lane(path: Path) -> set[Path]:

@@ -24,6 +24,7 @@ from stable_prefix.engine_patch.disk.persisted_entry import (
     state_arrays,
     state_from_arrays,
     state_keys,
+    with_tokens,
 )
 
 TOKENS = 40
@@ -50,7 +51,7 @@ def blocks_of(tokens: np.ndarray, segments: list[tuple[int, int]]) -> list[Block
     refs = []
     for (start, end), key in zip(segments, block_keys(tokens, segments)):
         arrays, nbytes = copy_block(live, start, end)
-        refs.append(BlockRef(Block(key, start, end, arrays, nbytes), end - start))
+        refs.append(BlockRef(Block(key, start, end, tokens[start:end].astype(np.int32), arrays, nbytes), end - start))
     return refs
 
 
@@ -67,7 +68,11 @@ def round_trip(entry: CachedPrefix, edit=None):
     record, _ = record_of(entry)
     if edit is not None:
         record = edit(record)
-    return lane_record("name", record.tokens, lane_metadata(record), 0)
+    return with_tokens(lane_record("name", lane_metadata(record), 0), token_ids_of(entry))
+
+
+def token_ids_of(entry: CachedPrefix) -> dict:
+    return {ref.block.key: ref.block.token_ids for ref in entry.blocks}
 
 
 def test_a_manifest_names_its_blocks_checkpoints_end_state_and_turns():
@@ -78,7 +83,7 @@ def test_a_manifest_names_its_blocks_checkpoints_end_state_and_turns():
     ]
     assert [(c.key, c.position, c.pinned) for c in back.checkpoints] == [(c.key, c.position, c.pinned) for c in entry.checkpoints]
     assert back.prompt_length == 30 and back.turns == 3 and back.positional == [0, 1] and back.layer_count == 3
-    assert back.tokens.tolist() == list(range(TOKENS))
+    assert back.tokens.tolist() == list(range(TOKENS)) and back.token_count == TOKENS
 
 
 def test_an_end_state_that_is_its_last_checkpoint_needs_no_state_of_its_own():
@@ -108,7 +113,8 @@ def test_a_block_comes_back_from_its_arrays():
     record, _ = record_of(entry)
     block = entry.blocks[1].block
     arrays, metadata = block_arrays(block)
-    back = block_from_arrays(record.blocks[1], arrays, metadata, record)
+    back = block_from_arrays(record.blocks[1], np.array(arrays.pop("tokens")), arrays, metadata, record)
+    assert back.token_ids.tolist() == list(range(32, TOKENS))
     assert (back.key, back.start, back.end, back.nbytes) == (block.key, block.start, block.end, block.nbytes)
     assert back.arrays[0] is None and back.arrays[1] is None
     assert all(mx.array_equal(a, b).item() for a, b in zip(block.arrays[2], back.arrays[2]))
@@ -118,11 +124,28 @@ def test_a_block_file_holding_another_block_or_shape_is_refused():
     entry = entry_ending_at_its_last_checkpoint()
     record, _ = record_of(entry)
     arrays, metadata = block_arrays(entry.blocks[1].block)
+    token_ids = np.array(arrays.pop("tokens"))
     with pytest.raises(EntryDescriptionError, match="holds another block"):
-        block_from_arrays(record.blocks[0], arrays, metadata, record)
+        block_from_arrays(record.blocks[0], token_ids, arrays, metadata, record)
     short = {name: array[..., :3, :] for name, array in arrays.items()}
     with pytest.raises(EntryDescriptionError, match="lacks layer 2"):
-        block_from_arrays(record.blocks[1], short, metadata, record)
+        block_from_arrays(record.blocks[1], token_ids, short, metadata, record)
+    with pytest.raises(EntryDescriptionError, match="lacks its token ids"):
+        block_from_arrays(record.blocks[1], token_ids[:3], arrays, metadata, record)
+
+
+def test_a_lane_s_token_ids_come_from_its_blocks_and_stop_where_one_is_missing_or_not_what_its_key_says():
+    entry = entry_ending_at_its_last_checkpoint()
+    record, _ = record_of(entry)
+    described = lane_record("name", lane_metadata(record), 0)
+    assert described.tokens is None and described.token_count == TOKENS
+    assert with_tokens(described, token_ids_of(entry)).tokens.tolist() == list(range(TOKENS))
+    first, second = entry.blocks[0].block, entry.blocks[1].block
+    # The second block gone, or a file of other tokens under its name: the lane restores up to its head checkpoint.
+    for token_ids in ({first.key: first.token_ids}, {first.key: first.token_ids, second.key: second.token_ids + 1}):
+        cut_back = with_tokens(described, token_ids)
+        assert cut_back.tokens.tolist() == list(range(10)) and cut_back.end_state == entry.checkpoints[0].key
+    assert with_tokens(described, {}).tokens is None
 
 
 def test_a_state_comes_back_at_its_indices_and_position():
@@ -184,4 +207,4 @@ def test_a_description_that_does_not_fit_its_tokens_is_refused(edit):
 def test_a_malformed_description_is_refused():
     record, _ = record_of(entry_ending_at_its_last_checkpoint())
     with pytest.raises(EntryDescriptionError, match="malformed"):
-        lane_record("name", record.tokens, {"lane": '{"blocks": 3}'}, 0)
+        lane_record("name", {"lane": '{"blocks": 3}'}, 0)

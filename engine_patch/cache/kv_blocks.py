@@ -3,9 +3,11 @@
 A lane's plain attention state (every `KVCache` layer; the attention layers of
 hybrids and of sliding-window models too) is a list of blocks. A block holds,
 per rewindable layer, the keys and values of the tokens [start, end), copied out
-of the live cache (a slice would keep the whole live buffer alive). Its key is
-a digest of every token id up to its end and of its start, so two blocks with
-one key hold the KV of the same tokens after the same prefix: a head shared by
+of the live cache (a slice would keep the whole live buffer alive), and those
+tokens' ids. Its key is a digest of every token id up to its end and of its
+start (`KeyChain`), so two blocks with one key hold the KV of the same tokens
+after the same prefix, and a lane's token ids can be checked against its
+blocks' keys: a head shared by
 lanes, a fork carrying a whole conversation, the previous turn a new one
 extends, are each held once, in RAM (`BlockStore`, with reference counts) and
 on disk (one file per key).
@@ -36,16 +38,17 @@ KEY_ROOT = b"stable-prefix kv block 1"
 
 @dataclass(eq=False)
 class Block:
-    """The rewindable layers' keys and values for tokens [start, end) (None at positional layers)."""
+    """The rewindable layers' keys and values for tokens [start, end) (None at positional layers), and those tokens' ids."""
 
     key: str
     start: int
     end: int
+    token_ids: np.ndarray  # int32, end - start of them
     arrays: list[Any]
     nbytes: int
 
     @property
-    def tokens(self) -> int:
+    def token_count(self) -> int:
         return self.end - self.start
 
 
@@ -65,16 +68,36 @@ class BlockRef:
         return self.block.start + self.used
 
 
+class KeyChain:
+    """The digest of a lane's token ids so far, from which the key of a block starting there follows."""
+
+    def __init__(self) -> None:
+        self._hasher = hashlib.blake2b(KEY_ROOT, digest_size=16)
+        self.length = 0
+
+    def extend(self, token_ids: np.ndarray) -> None:
+        self._hasher.update(_bytes_of(token_ids))
+        self.length += len(token_ids)
+
+    def key_of_next(self, token_ids: np.ndarray) -> str:
+        """The key of a block holding `token_ids` right after the tokens so far."""
+        hasher = self._hasher.copy()
+        hasher.update(_bytes_of(token_ids))
+        return hashlib.blake2b(hasher.digest() + self.length.to_bytes(8, "little"), digest_size=16).hexdigest()
+
+
 def block_keys(tokens: np.ndarray, segments: list[tuple[int, int]]) -> list[str]:
-    """The key of each segment [start, end) of `tokens` (segments in order of their ends), in one pass."""
-    data = np.ascontiguousarray(tokens, dtype="<i4").view(np.uint8)
-    hasher = hashlib.blake2b(KEY_ROOT, digest_size=16)
-    hashed, keys = 0, []
+    """The key of each segment [start, end) of `tokens` (back to back, in order), in one pass."""
+    chain, keys = KeyChain(), []
+    chain.extend(tokens[: segments[0][0]] if segments else tokens[:0])
     for start, end in segments:
-        hasher.update(data[hashed * 4 : end * 4])
-        hashed = end
-        keys.append(hashlib.blake2b(hasher.copy().digest() + start.to_bytes(8, "little"), digest_size=16).hexdigest())
+        keys.append(chain.key_of_next(tokens[start:end]))
+        chain.extend(tokens[start:end])
     return keys
+
+
+def _bytes_of(token_ids: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(token_ids, dtype="<i4").view(np.uint8)
 
 
 def reusable_refs(refs: list[BlockRef], common: int) -> list[BlockRef]:
@@ -91,7 +114,7 @@ def reusable_refs(refs: list[BlockRef], common: int) -> list[BlockRef]:
             kept.append(ref)
             continue
         inside = common - ref.start
-        if inside > 0 and 2 * inside >= ref.block.tokens:
+        if inside > 0 and 2 * inside >= ref.block.token_count:
             kept.append(BlockRef(ref.block, inside))
         break
     return kept
@@ -143,7 +166,7 @@ class BlockStore:
                 self._blocks[block.key] = block
                 self._references[block.key] = 0
                 self.nbytes += block.nbytes
-                self.tokens += block.tokens
+                self.tokens += block.token_count
             self._references[block.key] += 1
 
     def release(self, refs: Iterable[BlockRef]) -> None:
@@ -154,7 +177,7 @@ class BlockStore:
                 block = self._blocks.pop(key)
                 del self._references[key]
                 self.nbytes -= block.nbytes
-                self.tokens -= block.tokens
+                self.tokens -= block.token_count
 
     def clear(self) -> None:
         self._blocks.clear()

@@ -281,7 +281,7 @@ class PrefixCache:
         for (start, end), key, block in zip(segments, keys, held):
             if block is None:
                 arrays, nbytes = copy_block(prompt_cache, start, end)
-                block = Block(key, start, end, arrays, nbytes)
+                block = Block(key, start, end, np.asarray(tokens[start:end], dtype=np.int32), arrays, nbytes)
                 copied.append(block)
             refs.append(BlockRef(block, end - start))
         eval_blocks([block.arrays for block in copied])
@@ -423,10 +423,10 @@ def truncated(entry: CachedPrefix, length: int) -> CachedPrefix:
         return entry
     refs = covering(entry.blocks, length)
     last = refs[-1]
-    if last.used < last.block.tokens:
+    if last.used < last.block.token_count:
         key = block_keys(entry.tokens[:length], [(last.start, length)])[0]
         arrays, nbytes = block_prefix(last.block.arrays, last.used)
-        refs[-1] = BlockRef(Block(key, last.start, length, arrays, nbytes), last.used)
+        refs[-1] = BlockRef(Block(key, last.start, length, last.block.token_ids[: last.used].copy(), arrays, nbytes), last.used)
     layers = list(_positional_state_at(entry, length))
     checkpoints = [c for c in entry.checkpoints if c.position <= length]
     return CachedPrefix(entry.tokens[:length], refs, layers, own_nbytes(layers, checkpoints), min(entry.prompt_length, length),

@@ -65,6 +65,7 @@ from .persisted_entry import (
     record_of,
     state_arrays,
     state_keys,
+    with_tokens,
 )
 from .snapshot_directory import BLOCK, FOLDERS, LANE, STATE, LaneUnit, SnapshotDirectory, free_and_total_bytes
 from .snapshot_file import (
@@ -76,7 +77,6 @@ from .snapshot_file import (
     host_view,
     prepare_snapshot,
     read_header,
-    token_array,
     write_snapshot,
 )
 
@@ -171,6 +171,12 @@ class DiskTier:
         self._identities: dict[int, tuple[Any, Future]] = {}
         # Every manifest read so far, by path (manifests are never rewritten); None: unreadable.
         self._records: dict[Path, LaneRecord | None] = {}
+        # This server's lanes with their token ids, once whole; and as the latest lookup found them.
+        self._indexed: dict[Path, LaneRecord] = {}
+        self._lookup: dict[Path, LaneRecord] = {}
+        # Every block's token ids read so far, by path (blocks are never rewritten), and blocks found gone.
+        self._token_ids: dict[Path, Any] = {}
+        self._gone: set[Path] = set()
         # Per model folder: the block and state keys known to be on disk (a submit carries only the others).
         self._on_disk: dict[Path, tuple[set[str], set[str]]] = {}
         self._queue: collections.deque[PendingWrite] = collections.deque()
@@ -270,18 +276,13 @@ class DiskTier:
         folder = self.files.folder(match.identity)
         path = self.files.place(folder, LANE, match.name)
         started = time.perf_counter()
-        try:
-            header = read_header(path, match.identity.key, "lane")
-            record = lane_record(match.name, header.tokens, header.metadata, header.file_bytes)
-        except FileNotFoundError:
+        with self._lock:
+            record = self._lookup.get(path)
+        if record is None or not path.exists():
             logger.info("disk cache: lane %s vanished before it was read (another server evicted it)", match.name)
             self._forget(path)
             return None
-        except Exception as error:
-            self.count_error(f"reading {path}; deleted it, this request runs without it", error)
-            self.delete_bad_file(path)
-            return None
-        read = LaneLoad(self.files, folder, record, header.file_bytes, self)
+        read = LaneLoad(self.files, folder, record, record.file_bytes, self)
         length = read.blocks_up_to(match.length, held_blocks)
         entry = read.entry(length, held_checkpoints or {})
         if entry is None:
@@ -388,7 +389,7 @@ class DiskTier:
                 self.count(writes_skipped=1)
                 return
             record = replace(plan.record, name=uuid.uuid4().hex, written_at=time.time())
-            manifest = prepare_snapshot("lane", identity.key, {"tokens": token_array(record.tokens)}, lane_metadata(record))
+            manifest = prepare_snapshot("lane", identity.key, {}, lane_metadata(record))
             if not self._make_room(plan, manifest.file_bytes):
                 return
             if not (self._write_files(folder, BLOCK, plan.new_blocks, epoch) and self._write_files(folder, STATE, plan.new_states, epoch)):
@@ -399,7 +400,7 @@ class DiskTier:
             self.files.sync(final.parent)
             record = replace(record, file_bytes=manifest.file_bytes)
             with self._lock:
-                self._records[final] = record
+                self._records[final] = self._indexed[final] = record
                 blocks_known, states_known = self._on_disk.setdefault(folder, (set(), set()))
                 blocks_known.update(piece.key for piece in record.blocks)
                 states_known.update(state_keys(record))
@@ -477,38 +478,95 @@ class DiskTier:
         for path in self.files.unreferenced(folder, referenced):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+            self._forget(path)
 
     def _evicted(self, paths: list[Path]) -> None:
         with self._lock:
             self.counters.evictions += sum(path.parent.name == FOLDERS[LANE] for path in paths)
             for path in paths:
-                self._records.pop(path, None)
+                for known in (self._records, self._indexed, self._lookup, self._token_ids):
+                    known.pop(path, None)
                 known = self._on_disk.get(path.parent.parent)
                 if known is not None:
                     (known[0] if path.parent.name == FOLDERS[BLOCK] else known[1]).discard(path.name.rsplit(".", 1)[0])
 
     # --- the index ----------------------------------------------------------------
 
+    def lanes(self, model: Any) -> list[LaneRecord]:
+        """This model's lanes on disk now, with their token ids (nothing if the model has no identity yet)."""
+        identity = self.identity_for(model)
+        return [] if identity is None else list(self._refreshed_index(identity).values())
+
     def _refreshed_index(self, identity: ModelIdentity) -> dict[str, LaneRecord]:
-        """This model's lanes as the directory holds them now (headers read once per manifest)."""
+        """This model's lanes as the directory holds them now, with their token ids.
+
+        A manifest and its blocks' token ids are read once each (headers and a
+        few KB of ids, never KV bytes); a lane whose block is gone or damaged is
+        cut at the longest prefix it restores before that block.
+        """
         folder = self.files.folder(identity)
         index = {}
         for name, size in self.files.sizes(folder, LANE).items():
             path = self.files.place(folder, LANE, name)
-            record = self._record(path, size, identity.key)
-            if record is not None:
+            with self._lock:
+                record = self._indexed.get(path)
+            if record is None or record.file_bytes != size:
+                described = self._record(path, size, identity.key)
+                if described is None:
+                    continue
+                record = with_tokens(described, self._block_token_ids(folder, identity.key, [piece.key for piece in described.blocks]))
+                if record.token_count == described.token_count:
+                    with self._lock:
+                        self._indexed[path] = record  # a cut one is tried again next time (a block may come back)
+            if record.tokens is not None:
                 index[name] = record
+        with self._lock:
+            self._lookup = {self.files.place(folder, LANE, name): record for name, record in index.items()}
         return index
 
+    def _block_token_ids(self, folder: Path, identity: str, keys: list[str]) -> dict[str, Any]:
+        """The token ids of the blocks `keys` (in order, up to the first that is gone or bad), from their headers."""
+        found = {}
+        for key in keys:
+            path = self.files.place(folder, BLOCK, key)
+            with self._lock:
+                token_ids = self._token_ids.get(path)
+            if token_ids is None:
+                try:
+                    header = read_header(path, identity, "block")
+                    if header.metadata.get("key") != key or header.tokens is None:
+                        raise SnapshotFileError(f"the file of block {key} holds another block")
+                    token_ids = header.tokens
+                except FileNotFoundError:
+                    self.block_gone(path)
+                    break
+                except (SnapshotFileError, OSError) as error:
+                    self.count_error(f"reading the header of {path}; deleted it, its lanes restore the prefix before it", error)
+                    self.delete_bad_file(path)
+                    break
+                with self._lock:
+                    self._token_ids[path] = token_ids
+            found[key] = token_ids
+        return found
+
+    def block_gone(self, path: Path) -> None:
+        """A block a lane names is not on disk (another server evicted it): logged and counted once."""
+        with self._lock:
+            if path in self._gone:
+                return
+            self._gone.add(path)
+            self.counters.blocks_missing += 1
+        logger.info("disk cache: %s is gone (another server evicted it); its lanes restore the prefix before it", path.name)
+
     def _record(self, path: Path, size: int, identity: str) -> LaneRecord | None:
-        """A manifest's lane (read once); a bad manifest of this model is deleted and counted."""
+        """A manifest's lane, without its token ids (read once); a bad manifest of this model is deleted and counted."""
         with self._lock:
             known = self._records.get(path, False)
         if known is not False and (known is None or known.file_bytes == size):
             return known
         try:
             header = read_header(path, identity, "lane")
-            record = lane_record(path.name[: -len(".kv")], header.tokens, header.metadata, header.file_bytes)
+            record = lane_record(path.name[: -len(".kv")], header.metadata, header.file_bytes)
         except FileNotFoundError:
             return None
         except (SnapshotFileError, OSError, ValueError) as error:
@@ -550,7 +608,8 @@ class DiskTier:
 
     def _forget(self, path: Path) -> None:
         with self._lock:
-            self._records.pop(path, None)
+            for known in (self._records, self._indexed, self._lookup, self._token_ids):
+                known.pop(path, None)
 
     def delete_bad_file(self, path: Path) -> None:
         self._forget(path)

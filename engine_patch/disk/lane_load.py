@@ -7,7 +7,6 @@ the longest prefix before it that the lane restores: never a wrong answer.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,15 +18,13 @@ from stable_prefix.engine_patch.cache.prefix_index import restorable_length
 
 from .persisted_entry import BlockPiece, LaneRecord, block_from_arrays, cut, state_from_arrays
 from .snapshot_directory import BLOCK, STATE, SnapshotDirectory
-from .snapshot_file import load_arrays, read_header
-
-logger = logging.getLogger("engine_patch")
+from .snapshot_file import SnapshotHeader, load_arrays, read_header
 
 
 class Faults(Protocol):
     """Where a load reports what it found wrong (the disk tier)."""
 
-    def count(self, **increments: int) -> None: ...
+    def block_gone(self, path: Path) -> None: ...
 
     def count_error(self, what: str, error: BaseException) -> None: ...
 
@@ -48,8 +45,8 @@ class LaneLoad:
         pieces: list[BlockPiece] = cut(self.record, length).blocks
         held = held_blocks([piece.key for piece in pieces])
         for piece in pieces:
-            block = held.get(piece.key) or self._read(BLOCK, piece.key, lambda arrays, metadata, piece=piece:
-                                                       block_from_arrays(piece, arrays, metadata, self.record))
+            block = held.get(piece.key) or self._read(BLOCK, piece.key, lambda header, arrays, piece=piece:
+                                                       block_from_arrays(piece, header.tokens, arrays, header.metadata, self.record))
             if block is None:
                 return self._restorable(piece.start)
             self.refs.append(BlockRef(block, piece.used))
@@ -63,7 +60,7 @@ class LaneLoad:
             if key not in states:
                 held = held_checkpoints.get(key)
                 layers = held.layers if held is not None and held.position == position else self._read(
-                    STATE, key, lambda arrays, metadata: state_from_arrays(key, position, arrays, metadata, self.record))
+                    STATE, key, lambda header, arrays: state_from_arrays(key, position, arrays, header.metadata, self.record))
                 states[key] = None if layers is None else Checkpoint(position, layers, snapshot_nbytes(layers), pinned, key)
             return states[key]
 
@@ -80,21 +77,19 @@ class LaneLoad:
         return None
 
     def _restorable(self, limit: int) -> int:
-        return restorable_length(len(self.record.tokens), self.record.checkpoint_positions, limit, self.positional)
+        return restorable_length(self.record.token_count, self.record.checkpoint_positions, limit, self.positional)
 
-    def _read(self, kind: str, key: str, build: Callable[[dict, dict], Any]) -> Any:
+    def _read(self, kind: str, key: str, build: Callable[[SnapshotHeader, dict], Any]) -> Any:
         """A block or state file, checked and built; None if it is gone (counted) or bad (deleted, counted)."""
         path = self.files.place(self.folder, kind, key)
         try:
             header = read_header(path, self.folder.name, kind)
-            built = build(load_arrays(path, header), header.metadata)
+            built = build(header, load_arrays(path, header))
         except FileNotFoundError:
-            logger.info("disk cache: %s of lane %s is gone (another server evicted it); the lane restores the prefix before it",
-                        path.name, self.record.name)
-            self.faults.count(blocks_missing=1)
+            self.faults.block_gone(path)
             return None
         except Exception as error:
-            self.faults.count_error(f"reading {path}; deleted it, the lane restores the prefix before it", error)
+            self.faults.count_error(f"reading {path}; deleted it, its lanes restore the prefix before it", error)
             self.faults.delete_bad_file(path)
             return None
         self.bytes_loaded += header.file_bytes

@@ -24,14 +24,14 @@ class WritePlan:
         present_blocks, present_states = files.sizes(folder, BLOCK), files.sizes(folder, STATE)
         self.present_block_files, self.present_state_files = set(present_blocks), set(present_states)
         positional = bool(record.positional)
-        length = len(record.tokens)
+        length = record.token_count
         for piece in record.blocks:
             if piece.key not in present_blocks and piece.key not in blocks:
-                length = restorable_length(len(record.tokens), record.checkpoint_positions, piece.start, positional)
+                length = restorable_length(record.token_count, record.checkpoint_positions, piece.start, positional)
                 break
         while length > 0 and positional and any(key not in present_states and key not in states for key in state_keys(cut(record, length))):
-            length = restorable_length(len(record.tokens), record.checkpoint_positions, length - 1, positional)
-        self.truncated = length < len(record.tokens)
+            length = restorable_length(record.token_count, record.checkpoint_positions, length - 1, positional)
+        self.truncated = length < record.token_count
         self.record = cut(record, length) if length > 0 else None
         if self.record is None:
             return

@@ -9,29 +9,36 @@ disk:
   one file named by its key, written once: a checkpoint several lanes share (a
   new conversation restored from another lane's head) is on disk once, and the
   lanes a restarted server loads share one object again (`PrefixCache.admit`);
-- the lane itself is a small manifest: its token ids, how many were prompt,
-  its block keys with the tokens each covers, its checkpoints' keys and
-  positions, which state is its end (`lane_description` / `lane_record`).
+- the lane itself is a small manifest: its block keys with the tokens each
+  covers, how many tokens were prompt, its checkpoints' keys and positions,
+  which state is its end (`lane_metadata` / `lane_record`). Its token ids are
+  its blocks' (each block file holds its own first, before its KV), so a
+  manifest grows by a block key per block, not by 4 bytes per token per turn.
 
 Reading checks what the per-file CRCs cannot: that a manifest's blocks cover
-its tokens back to back, its checkpoints lie inside them in order, a block
-holds the model's rewindable layers for exactly its tokens, and a state holds
-the positional layers, each at its position.
+its tokens back to back and its checkpoints lie inside them in order, that the
+token ids its blocks hold give every block's key again (`with_tokens`: a block
+file under another block's name is found out), that a block holds the model's
+rewindable layers for exactly its tokens, and that a state holds the
+positional layers, each at its position.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from stable_prefix.engine_patch.cache.cache_layers import block_nbytes, cached_token_count, layers_from_arrays, layers_to_arrays
-from stable_prefix.engine_patch.cache.kv_blocks import Block
+from stable_prefix.engine_patch.cache.kv_blocks import Block, KeyChain
 from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix
+from stable_prefix.engine_patch.cache.prefix_index import restorable_length
+
+from .snapshot_file import TOKENS
 
 LANE = "lane"
 
@@ -62,7 +69,7 @@ class LaneRecord:
     """What a manifest says about its lane: everything the index and a load need, no KV bytes."""
 
     name: str
-    tokens: np.ndarray
+    tokens: np.ndarray | None  # from its blocks' token ids (`with_tokens`); None until then
     prompt_length: int
     layer_count: int
     positional: list[int]  # the indices of the positional layers (the others are in the blocks)
@@ -76,6 +83,10 @@ class LaneRecord:
     @property
     def checkpoint_positions(self) -> list[int]:
         return [c.position for c in self.checkpoints]
+
+    @property
+    def token_count(self) -> int:
+        return sum(piece.used for piece in self.blocks)
 
 
 def record_of(entry: CachedPrefix) -> tuple[LaneRecord, bool]:
@@ -119,7 +130,7 @@ def lane_metadata(record: LaneRecord) -> dict[str, str]:
 
 def cut(record: LaneRecord, length: int) -> LaneRecord:
     """The first `length` tokens of a lane (a length it restores: its end or a checkpoint) as a lane of their own."""
-    if length == len(record.tokens):
+    if length == record.token_count:
         return record
     pieces = []
     for piece in record.blocks:
@@ -128,7 +139,8 @@ def cut(record: LaneRecord, length: int) -> LaneRecord:
         pieces.append(piece if piece.start + piece.used <= length else BlockPiece(piece.key, piece.start, piece.end, length - piece.start))
     checkpoints = [c for c in record.checkpoints if c.position <= length]
     end_state = next((c.key for c in checkpoints if c.position == length), None) if record.positional else None
-    return LaneRecord(record.name, record.tokens[:length], min(record.prompt_length, length), record.layer_count, record.positional,
+    tokens = None if record.tokens is None else record.tokens[:length]
+    return LaneRecord(record.name, tokens, min(record.prompt_length, length), record.layer_count, record.positional,
                       pieces, checkpoints, end_state, record.turns, record.written_at, record.file_bytes)
 
 
@@ -137,13 +149,14 @@ def state_keys(record: LaneRecord) -> list[str]:
     return list(dict.fromkeys([*(c.key for c in record.checkpoints), *([record.end_state] if record.end_state else [])]))
 
 
-def lane_record(name: str, tokens: np.ndarray, metadata: dict[str, str], file_bytes: int) -> LaneRecord:
-    """The manifest's lane; EntryDescriptionError if its description is malformed or does not fit its tokens."""
+def lane_record(name: str, metadata: dict[str, str], file_bytes: int) -> LaneRecord:
+    """The lane a manifest describes (its token ids still to be read from its blocks: `with_tokens`);
+    EntryDescriptionError if its description is malformed or does not hold together."""
     try:
         described = json.loads(metadata[LANE])
         blocks = [BlockPiece(str(key), int(start), int(end), int(used)) for key, start, end, used in described["blocks"]]
         checkpoints = [CheckpointRecord(str(c["key"]), c["position"], c["pinned"]) for c in described["checkpoints"]]
-        record = LaneRecord(name, tokens, described["prompt_length"], described["layer_count"], list(described["positional"]),
+        record = LaneRecord(name, None, described["prompt_length"], described["layer_count"], list(described["positional"]),
                             blocks, checkpoints, described["end_state"], described["turns"], float(described["written_at"]), file_bytes)
     except (KeyError, TypeError, ValueError) as error:
         raise EntryDescriptionError(f"the lane description is malformed ({error!r})") from error
@@ -151,8 +164,26 @@ def lane_record(name: str, tokens: np.ndarray, metadata: dict[str, str], file_by
     return record
 
 
+def with_tokens(record: LaneRecord, token_ids: dict[str, np.ndarray]) -> LaneRecord:
+    """The lane with its token ids, taken from its blocks' (`token_ids` by block key) and checked against
+    every block's key; cut at the longest prefix it restores before the first block that is missing or
+    does not match (its tokens None if that leaves nothing)."""
+    chain, tokens = KeyChain(), []
+    for piece in record.blocks:
+        ids = token_ids.get(piece.key)
+        if ids is None or len(ids) != piece.end - piece.start or chain.key_of_next(ids) != piece.key:
+            break
+        chain.extend(ids[: piece.used])
+        tokens.append(ids[: piece.used])
+    length = restorable_length(record.token_count, record.checkpoint_positions, chain.length, bool(record.positional))
+    if length == 0:
+        return replace(record, tokens=None, blocks=[], checkpoints=[])
+    assembled = np.concatenate(tokens).astype(np.int64)
+    return cut(replace(record, tokens=assembled[: chain.length]), length)
+
+
 def _check_lane(record: LaneRecord) -> None:
-    count = len(record.tokens)
+    count = record.token_count
     integers = [record.prompt_length, record.layer_count, record.turns, *record.positional, *record.checkpoint_positions]
     if not all(type(value) is int for value in integers) or not all(isinstance(c.pinned, bool) for c in record.checkpoints):
         raise EntryDescriptionError("the lane description is malformed")
@@ -165,8 +196,8 @@ def _check_lane(record: LaneRecord) -> None:
         if piece.start != position or not 0 < piece.used <= piece.end - piece.start:
             raise EntryDescriptionError(f"the blocks do not cover the tokens back to back (at {position})")
         position += piece.used
-    if position != count:
-        raise EntryDescriptionError(f"the blocks cover {position} tokens, the lane has {count}")
+    if count == 0:
+        raise EntryDescriptionError("the lane has no blocks")
     positions = record.checkpoint_positions
     if positions != sorted(set(positions)) or any(not 0 < p <= count for p in positions):
         raise EntryDescriptionError(f"checkpoint positions {positions} do not fit {count} tokens")
@@ -176,18 +207,23 @@ def _check_lane(record: LaneRecord) -> None:
 
 
 def block_arrays(block: Block) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """A block's arrays by name and the metadata that places them."""
-    arrays = {}
+    """A block's token ids and arrays by name (the token ids first: the index reads them, never the KV),
+    and the metadata that places them."""
+    arrays = {TOKENS: mx.array(block.token_ids)}
     for index, pair in enumerate(block.arrays):
         if pair is not None:
             arrays[f"layer.{index}.keys"], arrays[f"layer.{index}.values"] = pair
     return arrays, {"key": block.key, "start": str(block.start), "end": str(block.end)}
 
 
-def block_from_arrays(piece: BlockPiece, arrays: dict[str, mx.array], metadata: dict[str, str], record: LaneRecord) -> Block:
-    """The block a manifest names, from its file; EntryDescriptionError if the file is another block or another shape."""
+def block_from_arrays(piece: BlockPiece, token_ids: np.ndarray | None, arrays: dict[str, mx.array], metadata: dict[str, str],
+                      record: LaneRecord) -> Block:
+    """The block a manifest names, from its file (token ids and arrays); EntryDescriptionError if the file is
+    another block or another shape."""
     if (metadata.get("key"), metadata.get("start"), metadata.get("end")) != (piece.key, str(piece.start), str(piece.end)):
         raise EntryDescriptionError(f"the file of block {piece.key} holds another block")
+    if token_ids is None or len(token_ids) != piece.end - piece.start:
+        raise EntryDescriptionError(f"the file of block {piece.key} lacks its token ids")
     pairs: list[Any] = []
     for index in range(record.layer_count):
         if index in record.positional:
@@ -199,7 +235,7 @@ def block_from_arrays(piece: BlockPiece, arrays: dict[str, mx.array], metadata: 
         pairs.append(pair)
     if len(arrays) != 2 * (record.layer_count - len(record.positional)):
         raise EntryDescriptionError(f"block {piece.key} holds other layers than the model's")
-    return Block(piece.key, piece.start, piece.end, pairs, block_nbytes(pairs))
+    return Block(piece.key, piece.start, piece.end, token_ids.astype(np.int32), pairs, block_nbytes(pairs))
 
 
 # --- positional states ------------------------------------------------------------------
