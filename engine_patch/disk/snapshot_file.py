@@ -26,6 +26,7 @@ every tensor's CRC before any of it is trusted.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -240,14 +241,19 @@ def load_arrays(path: Path, header: SnapshotHeader) -> dict[str, mx.array]:
         if array is None or list(array.shape) != described["shape"] or DTYPE_NAMES.get(array.dtype) != described["dtype"]:
             raise SnapshotFileError(f"tensor {name!r} does not load as its header describes it")
         views[name] = memoryview(array)
-    # zlib releases the GIL: the checksums of a state's tensors run on all cores at once.
-    with ThreadPoolExecutor(max_workers=CHECKSUM_THREADS, thread_name_prefix="kv-checksum") as pool:
-        actual = dict(zip(views, pool.map(zlib.crc32, views.values())))
+    # zlib releases the GIL: the checksums of a file's tensors run on all cores at once.
+    actual = dict(zip(views, _checksum_pool().map(zlib.crc32, views.values())))
     for name, crc in actual.items():
         if crc != crcs.get(name):
             raise SnapshotFileError(f"tensor {name!r} fails its checksum")
     arrays.pop(TOKENS, None)
     return arrays
+
+
+@functools.cache
+def _checksum_pool() -> ThreadPoolExecutor:
+    """One pool for every load (a lane's load reads a file per block)."""
+    return ThreadPoolExecutor(max_workers=CHECKSUM_THREADS, thread_name_prefix="kv-checksum")
 
 
 def _header_of(file, file_bytes: int) -> tuple[dict[str, Any], dict[str, Any], int]:
