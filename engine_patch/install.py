@@ -11,7 +11,7 @@ Both add, through the same modules: the model's identity for the disk tier
 (`mlx_lm.utils.load_model`, every way vllm-mlx loads a text model), the HTTP
 endpoints and usage fields (`http_api/`), and the per-request costs
 vllm-mlx's path repeats needlessly removed (`vllm_mlx/detokenizer_map.py`; see
-docs/request-path.md).
+docs/profile.md).
 """
 
 from __future__ import annotations
