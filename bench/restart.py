@@ -210,7 +210,7 @@ def reusable_at_best(before: list[Request], scenarios: dict[str, list[Request]],
     from stable_prefix.bench.clients.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER
     from stable_prefix.bench.run import as_received
     from stable_prefix.bench.workload.prompt_tokens import PromptRenderer
-    from stable_prefix.engine_patch.cache.prefix_cache import common_prefix_length
+    from stable_prefix.engine_patch.cache.prefix_index import common_prefix_length
 
     renderer = PromptRenderer(model_dir, SERVED_MODEL_NAME, TOOL_CALL_PARSER)
 
@@ -240,13 +240,12 @@ def _drop_page_cache(path: Path) -> bool:
 
 
 def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[str, Any]:
-    """Write and load a Qwen3-Coder-30B-A3B-shaped state of `gib` GiB through the disk tier."""
+    """Write and load a Qwen3-Coder-30B-A3B-shaped state of `gib` GiB through the disk tier (its blocks and manifest)."""
     import mlx.core as mx
     import numpy as np
     from mlx_lm.models.cache import KVCache
 
-    from stable_prefix.engine_patch.cache.cache_layers import snapshot, snapshot_nbytes
-    from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix
+    from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
     from stable_prefix.engine_patch.disk.disk_tier import DiskTier
     from stable_prefix.engine_patch.disk.model_identity import ModelIdentity
 
@@ -262,33 +261,35 @@ def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[st
         layer.update_and_fetch(keys, keys * 0.5)
         mx.eval(layer.keys, layer.values)
         live.append(layer)
-    layers, _ = snapshot(live)
-    del live
     token_ids = np.arange(tokens, dtype=np.int64) % 151_643
+    ram = PrefixCache(budget_bytes=2 * tokens * bytes_per_token)
+    ram.store(token_ids.tolist(), live)  # cut into blocks, as the engine keeps it
+    del live
+    entry = ram.newest_entry()
     owner = object()  # stands for the model: the state is synthetic, its identity too
     tier = DiskTier(directory, budget_bytes=8 * 2**30)
     tier.bind(owner, ModelIdentity("0" * 64, {"synthetic": "Qwen3-Coder-30B-A3B-shaped KV state"}))
-    entry = CachedPrefix(token_ids, layers, snapshot_nbytes(layers), tokens)
     started_at = time.perf_counter()
     tier.submit(owner, entry)
     submit_s = time.perf_counter() - started_at
     if not tier.flush(timeout=600) or tier.counters.writes != 1:
-        raise RuntimeError(f"the {gib} GiB snapshot was not written: {tier.counters.last_error}")
+        raise RuntimeError(f"the {gib} GiB state was not written: {tier.counters.last_error}")
     write_s = tier.counters.write_seconds
     file_bytes = tier.counters.bytes_written
-    (path,) = [p for p in directory.rglob("*.kv") if not p.name.startswith(".")]
+    paths = [p for p in directory.rglob("*.kv*") if not p.name.startswith(".")]
     loads: dict[str, list[float]] = {"page_cache": [], "device": []}
     for source in loads:
         for _ in range(repeats):
-            if source == "device" and not _drop_page_cache(path):
+            if source == "device" and not all(_drop_page_cache(path) for path in paths):
                 break
-            match = tier.longest_restorable_prefix(owner, token_ids, positional=False)
+            match = tier.longest_restorable_prefix(owner, np.append(token_ids, 0), positional=False)
             loaded = tier.load(match)
             if loaded is None:
-                raise RuntimeError(f"the snapshot did not load: {tier.counters.last_error}")
+                raise RuntimeError(f"the state did not load: {tier.counters.last_error}")
             loads[source].append(loaded.seconds)
             if source == "page_cache" and len(loads[source]) == 1:
-                exact = all(mx.array_equal(a, b).item() for a, b in zip(layers[-1].state, loaded.entry.layers[-1].state))
+                exact = all(mx.array_equal(a, b).item() for written, read in zip(entry.blocks, loaded.entry.blocks)
+                            for a, b in zip(written.block.arrays[-1], read.block.arrays[-1]))
             del loaded
             gc.collect()
     tier.close()

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
-from stable_prefix.addons.normalize import Rules, api_for, normalize
+from stable_prefix.addons.normalize import Rules, normalize
+from stable_prefix.addons.request_shape import api_for
 from stable_prefix.bench.clients.replay import GREEDY, PROXY_MAX_TOKENS_CAP, Measured, max_tokens_policy, steps
 from stable_prefix.bench.clients.stack import (
     PRODUCT,

@@ -40,8 +40,7 @@ from stable_prefix.bench.clients.up_stack import SERVED_NAME, StackSettings, sta
 from stable_prefix.bench.measure.resources import Sample, sample, slopes_once_full
 from stable_prefix.bench.measure.soak_report import markdown
 from stable_prefix.bench.workload.soak_requests import session_requests
-from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
-from stable_prefix.engine_patch.install import ENGINES
+from stable_prefix.engine_patch.install import DEFAULT_ENGINE, ENGINES
 from stable_prefix.servers import REPO_ROOT
 
 DOCS_PAGE = REPO_ROOT / "docs" / "reliability.md"

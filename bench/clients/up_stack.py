@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
+from stable_prefix.engine_patch.install import DEFAULT_ENGINE
 from stable_prefix.servers import VENV_BIN, free_port, http_ok, stop
 
 READY_TIMEOUT_S = 300.0

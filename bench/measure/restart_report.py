@@ -40,9 +40,9 @@ def markdown(result: dict[str, Any]) -> str:
                   f"(best of {len(throughput['load_s']['page_cache'])}):", "",
                   "| | seconds | GB/s |", "|---|---|---|",
                   f"| write (writer thread: CRC, write, fsync, rename) | {throughput['write_s']:.2f} | {throughput['write_gb_per_s']:.2f} |",
-                  f"| load from the page cache (header, mx.load, CRC per tensor, layers) | {throughput['load_s_best']['page_cache']:.2f} | {rate['page_cache']:.2f} |"]
+                  f"| load from the page cache (manifest, each block: header, mx.load, CRC per tensor) | {throughput['load_s_best']['page_cache']:.2f} | {rate['page_cache']:.2f} |"]
         if rate["device"] is not None:
-            lines.append(f"| load from the device (page cache dropped for the file) | {throughput['load_s_best']['device']:.2f} | {rate['device']:.2f} |")
+            lines.append(f"| load from the device (page cache dropped for the files) | {throughput['load_s_best']['device']:.2f} | {rate['device']:.2f} |")
         lines += ["", f"Time on the request path to queue the write: {throughput['submit_s'] * 1000:.1f} ms. Loaded state equal to the written one: "
                   f"{throughput['loaded_state_equals_written']}.",
                   f"Projection: a {projection['tokens']:,}-token Qwen3-Coder-30B-A3B prefix is {projection['bytes'] / 2**30:.2f} GiB; "

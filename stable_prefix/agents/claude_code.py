@@ -36,6 +36,7 @@ from stable_prefix import pins
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.npm_package import AgentUnavailable
 from stable_prefix.agents.scratch_project import ScratchProject
+from stable_prefix.launch import launch
 from stable_prefix.servers import REPO_ROOT
 
 CLI_PACKAGE = pins.CLAUDE_CODE.package
@@ -282,6 +283,26 @@ class InteractiveSession:
         self.tmux_command("kill-server", check=False)
         if socket_path:  # tmux leaves the socket file of a killed server behind
             Path(socket_path).unlink(missing_ok=True)
+
+
+# `stable-prefix claude`: a user's own claude against the running stack (`stable_prefix/launch.py` does the rest).
+LAUNCH_HELP = """`stable-prefix claude [--port N] [--claude PATH] [claude arguments]`: Claude Code against a running stack.
+
+Reads where the stack is from the state file `stable-prefix up` writes, checks
+that it answers, and replaces itself with Claude Code (`claude` on PATH, or the
+pinned one in `.claude-cli/`) in an environment that points it there: base URL,
+a local token that needs no approval (so no key prompt), every model slot set
+to the served model, the output cap, no telemetry, error reports or update
+checks. The user's own Claude Code settings and sessions are used as they are;
+their Anthropic credentials are taken out of the environment, not sent.
+"""
+LAUNCH_USAGE = "usage: stable-prefix claude [--port N] [--claude PATH] [claude arguments...]"
+
+
+def launch_against_stack(argv: list[str]) -> int:
+    return launch("claude", argv, "--claude", LAUNCH_USAGE, user_binary, LAUNCH_HELP,
+                  environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"]),
+                  removed=CREDENTIAL_VARIABLES)
 
 
 def main() -> None:

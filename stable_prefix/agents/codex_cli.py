@@ -16,7 +16,7 @@ is a git repository.
 
     python -m stable_prefix.agents.codex_cli install     # idempotent; prints the binary and its version
 
-(Against a running stack, as a user: `stable-prefix codex`, `stable_prefix/codex.py`.)
+(Against a running stack, as a user: `stable-prefix codex`, `launch_against_stack` below.)
 
 `Codex.exec_turn()` drives it non-interactively: `codex exec PROMPT` starts a
 conversation, `codex exec resume SESSION PROMPT` continues one; each is one
@@ -37,6 +37,7 @@ from stable_prefix.agents import npm_package
 from stable_prefix.agents.claude_code import REQUEST_TIMEOUT_MS, is_native_executable
 from stable_prefix.agents.npm_package import AgentUnavailable
 from stable_prefix.agents.scratch_project import ScratchProject
+from stable_prefix.launch import launch
 from stable_prefix.servers import REPO_ROOT
 
 CLI_PACKAGE = pins.CODEX_CLI.package
@@ -212,6 +213,34 @@ def _json_lines(text: str) -> list[dict]:
         if isinstance(event, dict):
             events.append(event)
     return events
+
+
+# `stable-prefix codex`: a user's own codex against the running stack (`stable_prefix/launch.py` does the rest).
+LAUNCH_HELP = """`stable-prefix codex [--port N] [--codex PATH] [codex arguments]`: Codex CLI against a running stack.
+
+Reads where the stack is from the state file `stable-prefix up` writes, checks
+that it answers, and replaces itself with Codex (`codex` on PATH, or the pinned
+one in `.codex-cli/`), its configuration set for this run on its command line
+(`-c key=value`, merged into the user's own `config.toml`, which is neither
+read here nor changed): the served model through a custom provider at the
+proxy speaking the Responses API, no analytics, no feedback uploads, no update
+check, no plugins (their marketplace is on github.com and chatgpt.com;
+`stable-prefix codex --enable plugins` turns them back on: a later option wins). The user's own Codex home (sessions, other providers, settings) is used
+as it is; no key is sent (the provider names none), so OpenAI credentials
+stay where they are. Any Codex command works: `stable-prefix codex`,
+`stable-prefix codex exec "..."`, `stable-prefix codex exec resume --last "..."`.
+"""
+LAUNCH_USAGE = "usage: stable-prefix codex [--port N] [--codex PATH] [codex arguments...]"
+
+
+def stack_options(state: dict) -> list[str]:
+    """The stack's configuration as root options, before the user's arguments, so every subcommand gets them."""
+    return config_overrides(stack_settings(state["url"], state["model"]))
+
+
+def launch_against_stack(argv: list[str]) -> int:
+    return launch("codex", argv, "--codex", LAUNCH_USAGE, user_binary, LAUNCH_HELP,
+                  arguments_for=lambda state, port: stack_options(state))
 
 
 def main() -> None:

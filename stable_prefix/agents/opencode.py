@@ -19,16 +19,14 @@ it) and a scratch git repository.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix import pins
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.claude_code import DEFAULT_CLI_DIR, is_native_executable
-from stable_prefix.agents.scratch_project import ScratchProject
+from stable_prefix.agents.driver import AgentDriver
+from stable_prefix.launch import launch
 
 PACKAGE = pins.OPENCODE.package
 # Pinned: where its date line and reminders sit changes between releases (docs/agents.md).
@@ -92,40 +90,43 @@ def user_binary(explicit: str | None = None) -> Path:
     return npm_package.user_binary(explicit, "opencode", find_binary(), npm_package.how_to_install(PACKAGE, VERSION, DEFAULT_DIR, "opencode"))
 
 
-@dataclass(frozen=True)
-class OpenCode:
-    """The pinned CLI against `base_url` (our proxy) in one scratch project."""
+class OpenCode(AgentDriver):
+    """`opencode run PROMPT`, its config, data, cache and state folders in the scratch HOME."""
 
-    binary: Path
-    project: ScratchProject
-    base_url: str
-    model: str
-    max_output_tokens: int
-
-    def environment(self, timezone: str = "UTC") -> dict[str, str]:
-        """Nothing of the caller's shell leaks in; every folder opencode writes is in the scratch HOME.
-        `timezone` sets the day opencode puts in its system prompt (a conversation past midnight)."""
+    def stack_environment(self) -> dict[str, str]:
         home = self.project.home
         return {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(home),
             "XDG_CONFIG_HOME": str(home / ".config"),
             "XDG_DATA_HOME": str(home / ".local" / "share"),
             "XDG_CACHE_HOME": str(home / ".cache"),
             "XDG_STATE_HOME": str(home / ".local" / "state"),
-            "LANG": "C.UTF-8",
-            "TZ": timezone,
             "OPENCODE_DISABLE_CLAUDE_CODE": "1",  # no ~/.claude instructions or skills
             **stack_environment(self.base_url, self.model, self.max_output_tokens),
         }
 
-    def run_turn(self, prompt: str, *, continue_conversation: bool = False, agent: str | None = None,
-                 timezone: str = "UTC", timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
-        """One `opencode run` turn; `--continue` resumes the latest session in the project."""
-        command = [str(self.binary), "run", *(["--continue"] if continue_conversation else []),
-                   *(["--agent", agent] if agent else []), prompt]
-        return subprocess.run(command, cwd=self.project.workdir, env=self.environment(timezone), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    def turn_arguments(self, prompt: str, *, continue_conversation: bool, agent: str | None = None) -> list[str]:
+        """`--continue` resumes the latest session in the project; `agent`: `plan` or `build` mode."""
+        return ["run", *(["--continue"] if continue_conversation else []), *(["--agent", agent] if agent else []), prompt]
+
+
+# `stable-prefix opencode`: a user's own opencode against the running stack (`stable_prefix/launch.py` does the rest).
+LAUNCH_HELP = """`stable-prefix opencode [--port N] [--opencode PATH] [opencode arguments]`: opencode against a running stack.
+
+Reads where the stack is from the state file `stable-prefix up` writes, checks
+that it answers, and replaces itself with opencode (`opencode` on PATH, or the
+pinned one in `.claude-cli/opencode/`) with its configuration in
+`OPENCODE_CONFIG_CONTENT` (`stable_prefix/agents/opencode.py: stack_config`), which outranks
+the user's and the project's: the proxy as an OpenAI-compatible provider
+serving the stack's model (also for titles), the output cap, no update check,
+no model catalogue download, no default plugins, no sharing. The user's own
+sessions and settings are used otherwise.
+"""
+LAUNCH_USAGE = "usage: stable-prefix opencode [--port N] [--opencode PATH] [opencode arguments...]"
+
+
+def launch_against_stack(argv: list[str]) -> int:
+    return launch("opencode", argv, "--opencode", LAUNCH_USAGE, user_binary, LAUNCH_HELP,
+                  environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"]))
 
 
 def main() -> None:

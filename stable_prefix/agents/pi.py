@@ -22,17 +22,17 @@ sessions in it) and a scratch git repository.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix import pins
+from stable_prefix.addons.capture_folder import write_private
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.claude_code import DEFAULT_CLI_DIR
+from stable_prefix.agents.driver import AgentDriver
 from stable_prefix.agents.npm_package import AgentUnavailable
-from stable_prefix.agents.scratch_project import ScratchProject
+from stable_prefix.launch import launch
+from stable_prefix.stack_state import stack_state_path
 
 PACKAGE = pins.PI.package
 # Pinned: what its system prompt holds (date, working directory) and where changes between releases.
@@ -102,34 +102,49 @@ def user_binary(explicit: str | None = None) -> Path:
     return npm_package.user_binary(explicit, "pi", find_cli(), npm_package.how_to_install(PACKAGE, VERSION, DEFAULT_DIR, "pi"))
 
 
-@dataclass(frozen=True)
-class Pi:
-    """The pinned CLI against `base_url` (our proxy) in one scratch project."""
-
-    cli: Path
-    project: ScratchProject
-    base_url: str
-    model: str
-    max_output_tokens: int
+class Pi(AgentDriver):
+    """`pi -p PROMPT` with the stack's provider in an extension of ours; Pi's agent folder and sessions are the
+    scratch HOME's `.pi`."""
 
     @property
     def extension_path(self) -> Path:
         return self.project.home / "stable-prefix-provider.js"
 
-    def environment(self, timezone: str = "UTC") -> dict[str, str]:
-        """Nothing of the caller's shell leaks in; Pi's agent folder and sessions are the scratch HOME's `.pi`.
-        `timezone` sets the day Pi puts in its system prompt (a conversation continued past midnight)."""
-        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.project.home), "LANG": "C.UTF-8",
-                "TERM": "dumb", "TZ": timezone, **OFFLINE_ENVIRONMENT}
+    def stack_environment(self) -> dict[str, str]:
+        return {"TERM": "dumb", **OFFLINE_ENVIRONMENT}
 
-    def run_turn(self, prompt: str, *, continue_conversation: bool = False, timezone: str = "UTC",
-                 timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
-        """One `pi -p PROMPT` turn; `--continue` resumes the project's latest session."""
+    def turn_arguments(self, prompt: str, *, continue_conversation: bool) -> list[str]:
+        """`--continue` resumes the project's latest session."""
         extension = write_extension(self.extension_path, self.base_url, self.model, self.max_output_tokens)
-        command = [str(self.cli), *stack_arguments(extension, self.model), *(["--continue"] if continue_conversation else []),
-                   "-p", prompt]
-        return subprocess.run(command, cwd=self.project.workdir, env=self.environment(timezone), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return [*stack_arguments(extension, self.model), *(["--continue"] if continue_conversation else []), "-p", prompt]
+
+
+# `stable-prefix pi`: a user's own pi against the running stack (`stable_prefix/launch.py` does the rest).
+LAUNCH_HELP = """`stable-prefix pi [--port N] [--pi PATH] [pi arguments]`: Pi against a running stack.
+
+Reads where the stack is from the state file `stable-prefix up` writes, checks
+that it answers, writes a Pi extension for it next to that file
+(`pi-provider-PORT.js`, 0600; `stable_prefix/agents/pi.py: extension_source`: one provider,
+`stable-prefix`, OpenAI-compatible at the proxy, serving the stack's model
+with the output cap) and replaces itself with Pi (`pi` on PATH, or the pinned
+one in `.claude-cli/pi/`), told to load that extension and use that model
+(`--extension`, `--provider`, `--model`, before the user's arguments), with no
+update check or install telemetry. Pi's own folder (`~/.pi/agent`: its
+`models.json`, settings, sessions, keys) is used as it is and never written
+for the stack.
+"""
+LAUNCH_USAGE = "usage: stable-prefix pi [--port N] [--pi PATH] [pi arguments...]"
+
+
+def launch_arguments(state: dict, port: int) -> list[str]:
+    extension = stack_state_path(port).with_name(f"pi-provider-{port}.js")
+    write_private(extension, extension_source(state["url"], state["model"], state["max_tokens"]))
+    return stack_arguments(extension, state["model"])
+
+
+def launch_against_stack(argv: list[str]) -> int:
+    return launch("pi", argv, "--pi", LAUNCH_USAGE, user_binary, LAUNCH_HELP, environment_for=lambda state, port: dict(OFFLINE_ENVIRONMENT),
+                  arguments_for=launch_arguments)
 
 
 def main() -> None:

@@ -21,18 +21,18 @@ throwaway HOME and a scratch git repository.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix import pins
+from stable_prefix.addons.capture_folder import write_private
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.claude_code import DEFAULT_CLI_DIR
+from stable_prefix.agents.driver import AgentDriver
 from stable_prefix.agents.npm_package import AgentUnavailable
-from stable_prefix.agents.scratch_project import ScratchProject
+from stable_prefix.launch import launch
+from stable_prefix.stack_state import stack_state_path
 
 PACKAGE = pins.QWEN_CODE.package
 # Pinned: its prompt layout (git snapshot, memory section, date reminder) changes between releases.
@@ -98,39 +98,48 @@ def user_binary(explicit: str | None = None) -> Path:
     return npm_package.user_binary(explicit, "qwen", find_cli(), npm_package.how_to_install(PACKAGE, VERSION, DEFAULT_DIR, "qwen_code"))
 
 
-@dataclass(frozen=True)
-class QwenCode:
-    """The pinned CLI against `base_url` (our proxy) in one scratch project."""
-
-    cli: Path
-    project: ScratchProject
-    base_url: str
-    model: str
-    max_output_tokens: int
+class QwenCode(AgentDriver):
+    """`qwen PROMPT`, one-shot and non-interactive, its settings in a system settings file; Qwen Code's own folder
+    is the scratch HOME's `.qwen`."""
 
     @property
     def settings_path(self) -> Path:
         return self.project.home / "system-settings.json"
 
-    def environment(self) -> dict[str, str]:
-        """Nothing of the caller's shell leaks in; Qwen Code's own folder is the scratch HOME's `.qwen`."""
+    def stack_environment(self) -> dict[str, str]:
         write_settings(self.settings_path, self.model)
-        return {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.project.home),
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            **stack_environment(self.base_url, self.model, self.max_output_tokens, self.settings_path),
-        }
+        return {"TERM": "dumb", **stack_environment(self.base_url, self.model, self.max_output_tokens, self.settings_path)}
 
-    def run_turn(self, prompt: str, *, continue_conversation: bool = False, approval_mode: str | None = None,
-                 timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
-        """One `qwen PROMPT` turn; `approval_mode="yolo"` lets it run subagents and shell commands unasked
-        (the non-interactive default offers only the tools that need no approval)."""
-        command = [str(self.cli), *(["--continue"] if continue_conversation else []),
-                   *(["--approval-mode", approval_mode] if approval_mode else []), prompt]
-        return subprocess.run(command, cwd=self.project.workdir, env=self.environment(), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    def turn_arguments(self, prompt: str, *, continue_conversation: bool, approval_mode: str | None = None) -> list[str]:
+        """`--continue` resumes the project's latest session; `approval_mode="yolo"` lets it run subagents and shell
+        commands unasked (the non-interactive default offers only the tools that need no approval)."""
+        return [*(["--continue"] if continue_conversation else []), *(["--approval-mode", approval_mode] if approval_mode else []), prompt]
+
+
+# `stable-prefix qwen`: a user's own qwen against the running stack (`stable_prefix/launch.py` does the rest).
+LAUNCH_HELP = """`stable-prefix qwen [--port N] [--qwen PATH] [qwen arguments]`: Qwen Code against a running stack.
+
+Reads where the stack is from the state file `stable-prefix up` writes, checks
+that it answers, writes Qwen Code's settings for it next to that file
+(`qwen-settings-PORT.json`, 0600; `stable_prefix/agents/qwen_code.py: stack_settings`: OpenAI
+auth, the served model, no usage statistics, telemetry or update check) and
+replaces itself with Qwen Code (`qwen` on PATH, or the pinned one in
+`.claude-cli/qwen-code/`), the settings named by
+`QWEN_CODE_SYSTEM_SETTINGS_PATH` (they outrank the user's and the project's),
+the proxy, key, model and output cap in its OpenAI variables. The user's own
+sessions and settings are used otherwise; their own OpenAI key is not sent.
+"""
+LAUNCH_USAGE = "usage: stable-prefix qwen [--port N] [--qwen PATH] [qwen arguments...]"
+
+
+def launch_environment(state: dict, port: int) -> dict[str, str]:
+    settings = stack_state_path(port).with_name(f"qwen-settings-{port}.json")
+    write_private(settings, json.dumps(stack_settings(state["model"]), indent=1))
+    return stack_environment(state["url"], state["model"], state["max_tokens"], settings)
+
+
+def launch_against_stack(argv: list[str]) -> int:
+    return launch("qwen", argv, "--qwen", LAUNCH_USAGE, user_binary, LAUNCH_HELP, environment_for=launch_environment)
 
 
 def main() -> None:

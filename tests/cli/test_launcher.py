@@ -25,8 +25,7 @@ import pytest
 import requests
 
 from stable_prefix.agents import claude_code
-from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
-from stable_prefix.engine_patch.install import ENGINES
+from stable_prefix.engine_patch.install import DEFAULT_ENGINE, ENGINES
 from stable_prefix.live import LogFollower, live_line
 from tests.fixtures import claude_code as fixtures
 from tests.support.llm_client import cache_stats, send

@@ -9,7 +9,7 @@ reuse only: a counted, logged reason, never a request.
   and writes resuming once room returns;
 - snapshot files truncated or with a flipped bit, found by the next server after a SIGKILL;
 - a read-only cache directory;
-- two servers sharing one directory at once;
+- two servers sharing one directory at once, and a lane moved to the second when the first is killed;
 - the model folder changed under the same name: a snapshot of the old weights is never used.
 """
 
@@ -65,8 +65,9 @@ def wait_until_written(url: str, writes: int, timeout: float = 60.0) -> dict:
         time.sleep(0.2)
 
 
-def snapshot_files(directory):
-    return sorted(path for path in directory.rglob("*.kv") if not path.name.startswith("."))
+def snapshot_files(directory, kind: str = "kv"):
+    """The lanes' manifests (or, by suffix, their blocks)."""
+    return sorted(path for path in directory.rglob(f"*.{kind}") if not path.name.startswith("."))
 
 
 @pytest.fixture(scope="module")
@@ -139,11 +140,12 @@ def flip_a_bit_in_the_middle(path):
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.parametrize("kind", ["kv", "kvblock"], ids=["manifest", "block"])
 @pytest.mark.parametrize("damage", [truncate, flip_a_bit_in_the_middle], ids=["truncated", "bit-flipped"])
-def test_a_damaged_snapshot_found_after_a_kill_9_is_refused_counted_deleted_and_answered_as_uncached(tmp_path, shipped, damage):
+def test_a_damaged_file_found_after_a_kill_9_is_refused_counted_deleted_and_answered_as_uncached(tmp_path, shipped, damage, kind):
     directory = tmp_path / "kv"
     killed_after(directory, tmp_path, ["main"])
-    (path,) = snapshot_files(directory)
+    (path,) = snapshot_files(directory, kind)  # the lane's manifest, its one block
     damage(path)
     with engine(tmp_path, "after-damage", "--prefix-cache-dir", str(directory)) as server:
         restarted = answer_of(server.url, conversation("main", 2), stream=True)
@@ -199,6 +201,25 @@ def test_two_servers_sharing_one_directory_at_once_keep_one_budget_whole_files_a
     assert all(s["disk_errors"] == 0 for s in stats)
     assert max(s["disk_bytes"] for s in stats) <= budget
     assert sum(s["disk_evictions"] for s in stats) >= 1
+
+
+def test_a_lane_moved_after_its_replica_is_killed_finds_every_block_the_dead_one_wrote(tmp_path, shipped):
+    """Two replicas on one directory: the first serves three turns and is killed with SIGKILL; the second,
+    running all along, takes the lane's next turn from the blocks the first one wrote."""
+    directory = tmp_path / "kv"
+    with engine(tmp_path, "replica-a", "--prefix-cache-dir", str(directory)) as first, \
+         engine(tmp_path, "replica-b", "--prefix-cache-dir", str(directory)) as second:
+        turns = [answer_of(first.url, conversation("moved", count)) for count in (1, 2, 3)]
+        on_disk = wait_until_written(first.url, 3)
+        kill_9(first)
+        moved = answer_of(second.url, conversation("moved", 4))
+        stats = cache_stats(second.url)
+    assert same_answer(moved, answer_of(shipped.url, conversation("moved", 4)))
+    last_prompt = turns[-1].usage["input_tokens"] + turns[-1].usage["cache_read_input_tokens"]
+    assert moved.usage["cache_read_input_tokens"] >= last_prompt - 2
+    assert stats["disk_hits"] == 1 and stats["disk_tokens_loaded"] == moved.usage["cache_read_input_tokens"]
+    assert 0 < stats["disk_blocks_loaded"] <= on_disk["disk_blocks"]
+    assert stats["disk_errors"] == 0 and stats["disk_blocks_missing"] == 0
 
 
 # --- the model changed under the same name ---------------------------------------------

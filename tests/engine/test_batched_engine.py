@@ -11,6 +11,7 @@ import mlx_lm
 import pytest
 
 from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
+from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
 from stable_prefix.engine_patch.cache.shared_prefill import MIN_SHARED_TOKENS
 from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
 from tests.support.family_chat import FAMILY_MODELS, chat_head, prompt, resume_position
@@ -57,12 +58,14 @@ def lanes(tokenizer) -> list[Arrival]:
     ]
 
 
+@pytest.mark.parametrize("block_tokens", [BLOCK_TOKENS, 16], ids=["blocks-as-served", "16-token-blocks"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_tokens_with_our_cache_equal_the_batched_engine_without_it_on_overlapping_lanes(family):
+def test_greedy_tokens_with_our_cache_equal_the_batched_engine_without_it_on_overlapping_lanes(family, block_tokens):
+    """With small blocks too: a restore then concatenates many blocks, some used in part."""
     model, tokenizer = load(family)
     arrivals = lanes(tokenizer)
     expected = reference(model, tokenizer, arrivals)
-    with batched_seams() as seams:
+    with batched_seams(block_tokens=block_tokens) as seams:
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens
@@ -162,11 +165,11 @@ def test_a_failing_restore_runs_the_request_uncached_and_counts_a_fallback(monke
     arrivals = two_turns(tokenizer)
     expected = reference(model, tokenizer, arrivals)
 
-    def broken_restore(layers):
+    def broken_restore(*args):
         raise RuntimeError("injected restore failure")
 
     with batched_seams() as seams, caplog.at_level(logging.WARNING, logger="engine_patch"):
-        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore", broken_restore)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore_from_blocks", broken_restore)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens
@@ -180,11 +183,11 @@ def test_a_failing_snapshot_keeps_the_answers_and_stores_nothing(monkeypatch):
     arrivals = two_turns(tokenizer)
     expected = reference(model, tokenizer, arrivals)
 
-    def broken_snapshot(prompt_cache, indices=None):
+    def broken_snapshot(*args):
         raise RuntimeError("injected snapshot failure")
 
     with batched_seams() as seams:
-        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.snapshot", broken_snapshot)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.copy_block", broken_snapshot)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens

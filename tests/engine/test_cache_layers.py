@@ -25,7 +25,7 @@ def assert_exact(checked: dict, family: str) -> None:
     assert checked["restored_equals_split"] and checked["second_restore_equals_first"], family
     # The same entry after a restart, from disk: same position, same bits, same bytes held.
     assert checked["disk_loads"] == 1 and checked["disk_errors"] == 0, family
-    assert checked["reused_after_restart"] == cache_core_check.CHECKPOINT_AT, family
+    assert checked["whole_lane_after_restart"] and checked["reused_after_restart"] == cache_core_check.CHECKPOINT_AT, family
     assert checked["from_disk_equals_split"], family
     assert checked["bytes_after_restart"] == checked["bytes"], family
 

@@ -95,10 +95,10 @@ def test_a_failing_restore_gives_the_uncached_answer_a_warning_and_a_counted_fal
     turn1, turn2 = conversation_turns("main")[:2]
     greedy(generation, model, tokenizer, chat(tokenizer, *turn1))
 
-    def broken_restore(layers):
+    def broken_restore(*args):
         raise RuntimeError("injected restore failure")
 
-    monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore", broken_restore)
+    monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore_from_blocks", broken_restore)
     prompt = chat(tokenizer, *turn2)
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
         tokens = greedy(generation, model, tokenizer, prompt)
@@ -110,10 +110,10 @@ def test_a_failing_restore_gives_the_uncached_answer_a_warning_and_a_counted_fal
 def test_a_failing_snapshot_keeps_the_answer_and_counts_a_fallback(loaded, generation, monkeypatch, caplog):
     model, tokenizer = loaded
 
-    def broken_snapshot(prompt_cache, indices=None):
+    def broken_snapshot(*args):
         raise RuntimeError("injected snapshot failure")
 
-    monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.snapshot", broken_snapshot)
+    monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.copy_block", broken_snapshot)
     prompt = chat(tokenizer, *conversation_turns("main")[0])
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
         tokens = greedy(generation, model, tokenizer, prompt)

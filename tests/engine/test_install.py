@@ -1,5 +1,6 @@
 """Which vllm-mlx releases the patch installs on, and what it does on others."""
 
+import inspect
 import logging
 import subprocess
 import sys
@@ -11,9 +12,9 @@ from mlx_lm.models.cache import KVCache
 from transformers import AutoTokenizer
 
 from stable_prefix.engine_patch import install
-from stable_prefix.engine_patch.__main__ import parse_size
+from stable_prefix.engine_patch.__main__ import engine_mode, parse_size
 from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
-from stable_prefix.engine_patch.install import why_unsupported
+from stable_prefix.engine_patch.install import DEFAULT_ENGINE, why_unsupported
 from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
 from stable_prefix.engine_patch.vllm_mlx.simple.simple_engine import _defer_builtin_prefix_cache
 from tests.support.llm_client import send
@@ -33,6 +34,13 @@ def test_an_unrecognised_release_is_left_unpatched_and_the_reason_logged(monkeyp
         assert install(budget_bytes=2**20) is None
     assert mlx_lm.stream_generate is before
     assert "vllm-mlx left unpatched: version 9.1.0 is not one the patch is tested with (0.3.0, 0.6.0)" in caplog.text
+
+
+def test_install_and_serve_run_the_batched_engine_unless_told_otherwise():
+    # One default, as docs/engine.md documents it: embedding install() gets the engine `serve` and `up` run.
+    assert DEFAULT_ENGINE == "batched"
+    assert inspect.signature(install).parameters["engine"].default == DEFAULT_ENGINE
+    assert engine_mode(None, []) == DEFAULT_ENGINE
 
 
 def test_a_release_between_the_tested_ones_is_left_unpatched_too(monkeypatch):

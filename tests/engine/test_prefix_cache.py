@@ -2,6 +2,8 @@
 eviction order, the byte budget, and that a restored cache computes exactly what
 a full prefill computes."""
 
+import gc
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make
 
 from stable_prefix.engine_patch.cache import cache_layers
 from stable_prefix.engine_patch.cache.cache_layers import UnsupportedCache, check_snapshot_support, snapshot
+from stable_prefix.engine_patch.cache.kv_blocks import block_keys
 from stable_prefix.engine_patch.cache.prefix_cache import Checkpoint, PrefixCache
 from stable_prefix.tools.tiny_families import FAMILIES
 
@@ -234,19 +237,28 @@ def test_an_admitted_entry_larger_than_the_budget_keeps_the_longest_prefix_that_
     assert ram.fetch(model, prompt + [1]).reused == 25
 
 
-@pytest.mark.parametrize("length", [40, 1000], ids=["copied-snapshot", "shared-buffer-snapshot"])
+def held_arrays(cache: PrefixCache) -> list[np.ndarray]:
+    """Every array the cache's blocks and positional states hold, copied out."""
+    arrays = []
+    for entry in cache.entries.values():
+        arrays += [np.array(part) for ref in entry.blocks for pair in ref.block.arrays if pair is not None for part in pair]
+        arrays += [np.array(array) for layer in entry.layers if layer is not None for array in layer.state]
+    return arrays
+
+
+@pytest.mark.parametrize("length", [40, 1000], ids=["one-block", "several-blocks"])
 def test_a_restored_cache_never_writes_into_the_snapshot(model, length):
     cache = PrefixCache(budget_bytes=10**9)
     stored = tokens(1, length)
     cache.store(stored, prefilled(model, stored))
-    held = [np.array(array) for layer in cache.entries[0].layers for array in layer.state]
+    held = held_arrays(cache)
 
     # Trimmed, then extended: the cache writes new keys into its existing buffer.
     first = cache.fetch(model, stored[: length - 10] + tokens(5, 8))
     last_logits(model, first.prompt_cache, tokens(5, 8))
     last_logits(model, first.prompt_cache, tokens(6, 3))
 
-    after = [np.array(array) for layer in cache.entries[0].layers for array in layer.state]
+    after = held_arrays(cache)
     for before_array, after_array in zip(held, after):
         np.testing.assert_array_equal(before_array, after_array)
     second = cache.fetch(model, stored + [9])
@@ -270,11 +282,26 @@ def test_a_short_state_is_copied_down_to_its_tokens(model):
     assert nbytes == 10 * bytes_per_token(model)
 
 
-def test_a_long_state_shares_the_finished_requests_buffers_and_counts_them_whole(model):
-    live = prefilled(model, tokens(1, 1000))  # held in a 1,024-token buffer
-    layers, nbytes = snapshot(live)
-    assert all(array.shape[2] == 1000 for layer in layers for array in layer.state)
-    assert nbytes == 1024 * bytes_per_token(model)
+def test_a_long_state_is_kept_as_blocks_of_its_tokens(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    cache.store(tokens(1, 1000), prefilled(model, tokens(1, 1000)))  # held in a 1,024-token buffer
+    (entry,) = cache.entries.values()
+    assert [(ref.start, ref.end) for ref in entry.blocks] == [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    assert cache.stats()["bytes"] == 1000 * bytes_per_token(model)  # the tokens, not the buffer behind them
+
+
+def test_a_stored_state_is_copied_out_of_the_live_buffer_and_never_keeps_it_alive(model):
+    prompt = tokens(1, 1000)
+    live = prefilled(model, prompt)  # a 1,024-token buffer per layer
+    mx.eval([layer.state for layer in live])
+    gc.collect()
+    with_live = mx.get_active_memory()
+    cache = PrefixCache(budget_bytes=10**9)
+    cache.store(prompt[:300], live)
+    del live
+    gc.collect()
+    # A slice of the live buffer would keep all 1,024 tokens' arrays alive (the slack: a page per array).
+    assert mx.get_active_memory() <= with_live - (1024 - 300) * bytes_per_token(model) + 4 * 4096
 
 
 def test_a_quantized_cache_is_refused_and_a_sliding_window_accepted():
@@ -344,7 +371,7 @@ def test_a_checkpoint_shared_by_two_lanes_is_counted_once(hybrid):
     cache.store(second, fetched.prompt_cache, 30, fetched.inherited)
     entries = list(cache.entries.values())
     assert len(entries) == 2 and entries[0].checkpoints[0] is entries[1].checkpoints[0]
-    assert cache.stats()["bytes"] == entries[0].nbytes + entries[1].nbytes + checkpoints[0].nbytes
+    assert cache.stats()["bytes"] == cache.blocks.nbytes + entries[0].nbytes + entries[1].nbytes + checkpoints[0].nbytes
 
 
 def test_a_hybrid_entry_is_never_larger_than_the_budget(hybrid):
@@ -374,3 +401,115 @@ def test_the_pinned_chat_head_checkpoint_is_never_dropped(hybrid):
     checkpoints[3].pinned = True  # the head at 40, one token before a branch point
     cache.store(stored, live, 60, checkpoints)
     assert 40 in cache.stats()["entry_checkpoints"][0]
+
+
+# --- blocks held once -------------------------------------------------------------
+
+
+def served(cache: PrefixCache, model, prompt: list[int]) -> int:
+    """One request as the engine runs it: restore, prefill the rest, store. Returns the tokens reused."""
+    fetched = cache.fetch(model, prompt)
+    model(mx.array(prompt[fetched.reused :])[None], cache=fetched.prompt_cache)
+    cache.store(prompt, fetched.prompt_cache)
+    return fetched.reused
+
+
+def test_a_block_key_names_every_token_before_the_block_s_end_and_its_start():
+    prompt = np.asarray(tokens(1, 600))
+    segments = [(0, 256), (256, 512), (512, 600)]
+    keys = block_keys(prompt, segments)
+    assert keys == block_keys(prompt.copy(), segments) and len(set(keys)) == 3
+    edited = prompt.copy()
+    edited[10] += 1  # an earlier token changes every later block's key
+    assert [a == b for a, b in zip(keys, block_keys(edited, segments))] == [False, False, False]
+    assert block_keys(prompt, [(0, 256), (256, 600)])[1] != keys[2]  # same end, another start
+
+
+def test_three_explore_lanes_sharing_a_head_hold_it_once(model):
+    per_token = bytes_per_token(model)
+    head = tokens(1, 1100)
+    lanes = [head + tokens(10 + instance, 120) for instance in range(3)]
+    cache = PrefixCache(budget_bytes=10**9)
+    reused = [served(cache, model, lane) for lane in lanes]
+    assert reused == [0, 1100, 1100]
+    unique = len(head) + 3 * 120
+    # Each later lane adds its own tokens and at most half a block it copies (it straddles the head's end).
+    assert unique * per_token <= cache.stats()["bytes"] <= (unique + 2 * cache.block_tokens // 2) * per_token
+    assert cache.stats()["bytes"] < 0.45 * sum(len(lane) for lane in lanes) * per_token
+
+
+def test_a_fork_carrying_the_whole_main_conversation_adds_only_its_own_tokens(model):
+    per_token = bytes_per_token(model)
+    main = tokens(1, 2000)
+    cache = PrefixCache(budget_bytes=10**9)
+    served(cache, model, main)
+    fork = main + tokens(2, 50)
+    main_next = main + tokens(3, 80)
+    assert served(cache, model, fork) == 2000 and served(cache, model, main_next) == 2000
+    assert cache.stats()["bytes"] == (2000 + 50 + 80) * per_token
+    assert sorted(cache.stats()["entry_tokens"]) == [2050, 2080]
+
+
+def test_a_turn_copies_only_its_new_tokens_and_keeps_the_previous_turn_s_blocks(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    turn1 = tokens(1, 700)
+    served(cache, model, turn1)
+    (first,) = cache.entries.values()
+    turn2 = turn1 + tokens(2, 300)
+    served(cache, model, turn2)
+    (second,) = cache.entries.values()
+    assert [ref.block for ref in second.blocks[:3]] == [ref.block for ref in first.blocks]  # the very objects
+    assert [(ref.start, ref.end) for ref in second.blocks[3:]] == [(700, 768), (768, 1000)]
+    assert cache.stats()["bytes"] == 1000 * bytes_per_token(model) and cache.stats()["block_tokens"] == 1000
+
+
+def test_a_reply_rendered_again_a_little_differently_reuses_the_block_in_part(model):
+    cache = PrefixCache(budget_bytes=10**9)
+    prompt, reply = tokens(1, 600), tokens(2, 40)
+    live = prefilled(model, prompt + reply[:-1])  # the last generated token is never fed
+    cache.store(prompt + reply, live, prompt_length=600)
+    next_turn = prompt + reply[:-3] + tokens(3, 50)  # the reply's last tokens render differently
+    assert served(cache, model, next_turn) == 637
+    (entry,) = cache.entries.values()
+    assert [(ref.start, ref.end, ref.block.end) for ref in entry.blocks[2:]] == [(512, 637, 639), (637, 687, 687)]
+
+
+def test_a_block_many_lanes_share_is_freed_with_the_last_lane_that_uses_it(model):
+    per_token = bytes_per_token(model)
+    head = tokens(1, 512)
+    cache = PrefixCache(budget_bytes=10**9)
+    for instance in range(3):
+        served(cache, model, head + tokens(10 + instance, 64))
+    head_blocks = {ref.block.key for ref in next(iter(cache.entries.values())).blocks[:2]}
+    while len(cache.entries) > 1:
+        cache._remove(next(iter(cache.entries)))
+        assert head_blocks <= {ref.block.key for entry in cache.entries.values() for ref in entry.blocks}
+        assert cache.stats()["bytes"] == (512 + 64 * len(cache.entries)) * per_token
+    cache._remove(next(iter(cache.entries)))
+    assert cache.stats()["bytes"] == 0 and cache.stats()["blocks"] == 0
+
+
+def test_one_shot_lanes_are_evicted_before_older_lanes_in_use(model):
+    per_token = bytes_per_token(model)
+    cache = PrefixCache(budget_bytes=200 * per_token)
+    in_use, title, new = tokens(1, 100), tokens(2, 60), tokens(3, 80)
+    served(cache, model, in_use)
+    served(cache, model, in_use + tokens(4, 5))  # used again: no longer one-shot (and older than the title)
+    served(cache, model, title)
+    served(cache, model, new)  # needs room: the title goes, though the other lane is older
+    held = cache.stats()["entry_tokens"]
+    assert held == [105, 80] and cache.stats()["evictions"] == 1
+
+
+def test_a_restore_from_many_blocks_the_last_in_part_computes_what_a_full_prefill_does(model, hybrid):
+    for served_model, positional in ((model, False), (hybrid, True)):
+        cache = PrefixCache(budget_bytes=10**9, block_tokens=8)
+        stored = tokens(1, 60)
+        live, checkpoints = prefilled_with_checkpoints(served_model, stored, [21]) if positional else (prefilled(served_model, stored), [])
+        cache.store(stored, live, 60, checkpoints)
+        edited = stored[:45] + tokens(2, 6)
+        fetched = cache.fetch(served_model, edited)
+        assert fetched.reused == (21 if positional else 45)
+        cached = last_logits(served_model, fetched.prompt_cache, edited[fetched.reused :])
+        full = last_logits(served_model, make_prompt_cache(served_model), edited)
+        np.testing.assert_allclose(cached, full, atol=1e-4)

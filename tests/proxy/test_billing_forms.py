@@ -6,9 +6,10 @@ import copy
 
 import pytest
 
-from stable_prefix.addons import normalize
+from stable_prefix.addons import diagnosis
 from stable_prefix.addons.lanes import lane_signature
-from stable_prefix.addons.normalize import Change
+from stable_prefix.addons.rules import billing_header
+from stable_prefix.addons.rules.base import Change
 from tests.fixtures import claude_code
 
 FORMS = pytest.mark.parametrize("line", claude_code.BILLING_FORMS.values(), ids=claude_code.BILLING_FORMS.keys())
@@ -19,7 +20,7 @@ def test_a_billing_block_of_every_form_is_removed(line):
     body = claude_code.modern_request()
     body["system"][0]["text"] = line
     expected = copy.deepcopy(body["system"][1:])
-    changes = normalize.strip_billing_header(body, "anthropic")
+    changes = billing_header.strip_billing_header(body, "anthropic")
     assert body["system"] == expected
     assert changes == [Change("billing_header", "system[0]", "removed billing header block")]
 
@@ -27,14 +28,14 @@ def test_a_billing_block_of_every_form_is_removed(line):
 @FORMS
 def test_a_billing_line_of_every_form_leaves_an_openai_system_message_and_only_that_line(line):
     body = {"messages": [{"role": "system", "content": f"{line}\nYou are a careful coding agent."}, {"role": "user", "content": "hi"}]}
-    changes = normalize.strip_billing_header(body, "openai")
+    changes = billing_header.strip_billing_header(body, "openai")
     assert body["messages"][0] == {"role": "system", "content": "You are a careful coding agent."}
     assert changes == [Change("billing_header", "messages[0].content", "removed billing header line")]
 
 
 @FORMS
 def test_every_form_is_named_by_the_diagnosis_as_the_billing_header(line):
-    assert normalize.rule_for_line(line) == "billing_header"
+    assert diagnosis.rule_for_line(line) == "billing_header"
 
 
 @pytest.mark.parametrize("form", ["subagent", "first-party subagent"])

@@ -146,6 +146,14 @@ def test_session_totals_per_lane():
     assert summary[1].endswith("· 1 requests")
 
 
+def test_the_totals_of_a_lane_whose_prompts_hold_no_bytes_are_printed_without_a_ratio():
+    session = Session()
+    for _ in range(2):
+        session.send({"model": "m", "messages": []}, "openai")
+    [line] = session.diagnosis.summary_lines()
+    assert line.endswith(" · 2 requests · prefix kept 1/1 · 0/0 B stable")
+
+
 def test_reusing_the_clients_untouched_segments_gives_the_same_order_as_serializing_anew():
     from stable_prefix.addons.diagnosis import untouched_segments
     from stable_prefix.addons.prompt_order import prompt_order

@@ -9,6 +9,7 @@ import json
 from stable_prefix.addons import normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.normalize import Rules
+from stable_prefix.addons.rules import system_messages
 from tests.fixtures import claude_code
 
 
@@ -49,7 +50,7 @@ def test_a_system_message_with_an_unknown_block_beside_a_tool_change_is_left_alo
 
 
 def test_late_tool_names_are_the_tools_system_messages_add():
-    assert normalize.late_tool_names(claude_code.late_tool_request(by_value=False), "anthropic") == {"mcp__notes__search"}
+    assert system_messages.late_tool_names(claude_code.late_tool_request(by_value=False), "anthropic") == {"mcp__notes__search"}
 
 
 def test_tools_the_client_grew_with_a_late_tool_change_are_named_as_the_cause():

@@ -4,15 +4,17 @@ import copy
 
 import pytest
 
-from stable_prefix.addons import normalize
-from stable_prefix.addons.normalize import Change, Rules
+from stable_prefix.addons import diagnosis, normalize, request_shape, server_compat
+from stable_prefix.addons.normalize import Rules
+from stable_prefix.addons.rules import billing_header, date_line, system_messages, tool_order
+from stable_prefix.addons.rules.base import Change
 from tests.fixtures import claude_code
 
 HEADER = claude_code.billing_text("a3f", cch="9f2c1")
 
 
 def strip(body, api="anthropic"):
-    changes = normalize.strip_billing_header(body, api)
+    changes = billing_header.strip_billing_header(body, api)
     return body, changes
 
 
@@ -33,7 +35,7 @@ def strip(body, api="anthropic"):
     ],
 )
 def test_api_is_recognized_by_method_and_path(method, path, api):
-    assert normalize.api_for(method, path) == api
+    assert request_shape.api_for(method, path) == api
 
 
 # --- billing header: Anthropic system shapes ----------------------------------
@@ -163,7 +165,7 @@ def test_openai_leaves_an_empty_content_list_it_did_not_empty():
 
 def rewrite(messages, api="anthropic"):
     body = {"messages": messages}
-    return body["messages"], normalize.rewrite_system_messages(body, api)
+    return body["messages"], system_messages.rewrite_system_messages(body, api)
 
 
 def test_system_message_after_the_first_user_message_becomes_a_user_reminder():
@@ -201,8 +203,8 @@ def test_system_message_with_unknown_content_shape_is_left_alone():
 def test_rewrite_of_a_message_is_the_same_on_every_later_turn():
     turn_10 = claude_code.main_request(turns=10)
     turn_14 = claude_code.main_request(turns=14)
-    normalize.rewrite_system_messages(turn_10, "anthropic")
-    normalize.rewrite_system_messages(turn_14, "anthropic")
+    system_messages.rewrite_system_messages(turn_10, "anthropic")
+    system_messages.rewrite_system_messages(turn_14, "anthropic")
     shared = len(turn_10["messages"]) - 1  # the newest turn carries the moving cache_control
     assert turn_10["messages"][:shared] == turn_14["messages"][:shared]
     assert all(m["role"] != "system" for m in turn_14["messages"])
@@ -216,7 +218,7 @@ def test_openai_leading_system_messages_stay_and_later_ones_are_rewritten():
 
 
 def test_messages_that_are_not_a_list_are_left_alone():
-    assert normalize.rewrite_system_messages({"messages": "oops"}, "anthropic") == []
+    assert system_messages.rewrite_system_messages({"messages": "oops"}, "anthropic") == []
 
 
 # --- optional rules -----------------------------------------------------------
@@ -225,7 +227,7 @@ def test_messages_that_are_not_a_list_are_left_alone():
 def test_date_line_is_dropped_from_the_system_prompt_only():
     body = claude_code.main_request()
     body["messages"][0]["content"] = "Today's date is 2026-11-30."
-    changes = normalize.drop_date_line(body, "anthropic")
+    changes = date_line.drop_date_line(body, "anthropic")
     assert "Today's date" not in body["system"][2]["text"]
     assert body["messages"][0]["content"] == "Today's date is 2026-11-30."
     assert [c.path for c in changes] == ["system[2]"]
@@ -233,13 +235,13 @@ def test_date_line_is_dropped_from_the_system_prompt_only():
 
 def test_tools_are_sorted_by_name():
     body = {"tools": [{"name": "Write"}, {"name": "Bash"}, {"type": "function", "function": {"name": "Edit"}}]}
-    changes = normalize.sort_tools(body, "anthropic")
-    assert normalize.tool_names(body) == ["Bash", "Edit", "Write"]
+    changes = tool_order.sort_tools(body, "anthropic")
+    assert request_shape.tool_names(body) == ["Bash", "Edit", "Write"]
     assert changes == [Change("tool_order", "tools", "sorted 3 tools by name")]
 
 
 def test_sorted_tools_report_no_change():
-    assert normalize.sort_tools({"tools": [{"name": "A"}, {"name": "B"}]}, "anthropic") == []
+    assert tool_order.sort_tools({"tools": [{"name": "A"}, {"name": "B"}]}, "anthropic") == []
 
 
 def test_optional_rules_are_off_by_default():
@@ -247,14 +249,14 @@ def test_optional_rules_are_off_by_default():
     body["tools"].reverse()
     normalize.normalize(body, "anthropic")
     assert "Today's date is" in body["system"][1]["text"]
-    assert normalize.tool_names(body)[0] == "TodoWrite"
+    assert request_shape.tool_names(body)[0] == "TodoWrite"
 
 
 # --- compatibility rules ------------------------------------------------------
 
 
 def test_model_map_first_matching_pattern_wins():
-    rules = Rules(model_map=normalize.parse_model_map("claude-*haiku*=small-coder,claude-*=big-coder"))
+    rules = Rules(model_map=server_compat.parse_model_map("claude-*haiku*=small-coder,claude-*=big-coder"))
     haiku, opus = {"model": "claude-haiku-4-5"}, {"model": "claude-opus-4-8"}
     normalize.normalize(haiku, "anthropic", rules)
     changes = normalize.normalize(opus, "anthropic", rules)
@@ -264,19 +266,19 @@ def test_model_map_first_matching_pattern_wins():
 
 def test_model_not_matching_any_pattern_is_kept():
     body = {"model": "local-model"}
-    assert normalize.map_model(body, (("claude-*", "x"),)) == [] and body["model"] == "local-model"
+    assert server_compat.map_model(body, (("claude-*", "x"),)) == [] and body["model"] == "local-model"
 
 
 @pytest.mark.parametrize("spec", ["claude-*", "=x", "claude-*=", "a=b,c"])
 def test_malformed_model_map_is_rejected_naming_the_entry(spec):
     with pytest.raises(ValueError, match="pattern=served-model-name"):
-        normalize.parse_model_map(spec)
+        server_compat.parse_model_map(spec)
 
 
 def test_max_tokens_above_the_cap_is_capped_and_below_is_kept():
     high, low = {"max_tokens": 64000}, {"max_tokens": 512, "max_completion_tokens": 40000}
-    assert normalize.cap_max_tokens(high, 8192) == [Change("max_tokens", "max_tokens", "64000 -> 8192")]
-    normalize.cap_max_tokens(low, 8192)
+    assert server_compat.cap_max_tokens(high, 8192) == [Change("max_tokens", "max_tokens", "64000 -> 8192")]
+    server_compat.cap_max_tokens(low, 8192)
     assert (high["max_tokens"], low["max_tokens"], low["max_completion_tokens"]) == (8192, 512, 8192)
 
 
@@ -315,4 +317,4 @@ def test_all_rules_disabled_change_nothing():
     ],
 )
 def test_a_system_line_is_attributed_to_the_rule_that_drops_it(line, rule):
-    assert normalize.rule_for_line(line) == rule
+    assert diagnosis.rule_for_line(line) == rule

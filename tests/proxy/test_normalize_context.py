@@ -8,8 +8,10 @@ import copy
 import pytest
 
 from stable_prefix.addons import normalize
-from stable_prefix.addons.normalize import Change, Rules
+from stable_prefix.addons.normalize import Rules
 from stable_prefix.addons.prompt_order import canonical_value, compare, prompt_order
+from stable_prefix.addons.rules import git_status, initial_context, system_messages
+from stable_prefix.addons.rules.base import Change
 from tests.fixtures import claude_code
 
 REMINDER = "<system-reminder>\n{}\n</system-reminder>"
@@ -36,7 +38,7 @@ def text_block(text):
 def test_git_status_paragraph_moves_verbatim_to_the_start_of_the_first_user_message():
     body = claude_code.main_request(3)
     paragraph = body["system"][2]["text"][body["system"][2]["text"].index("gitStatus:") :]
-    changes = normalize.relocate_git_status(body, "anthropic")
+    changes = git_status.relocate_git_status(body, "anthropic")
     assert "gitStatus" not in body["system"][2]["text"] and body["system"][2]["text"].endswith("Today's date is 2026-11-30.")
     assert body["messages"][0]["content"][0] == text_block(REMINDER.format(paragraph))
     assert body["messages"][0]["content"][1]["text"] == "Please look at the failing test."
@@ -46,7 +48,7 @@ def test_git_status_paragraph_moves_verbatim_to_the_start_of_the_first_user_mess
 
 def test_git_status_in_a_system_string_moves_and_a_string_first_message_becomes_blocks():
     body = {"system": f"You help.\n\n{GIT_STATUS}", "messages": [{"role": "user", "content": "hi"}]}
-    normalize.relocate_git_status(body, "anthropic")
+    git_status.relocate_git_status(body, "anthropic")
     assert body == {"system": "You help.", "messages": [{"role": "user", "content": [text_block(REMINDER.format(GIT_STATUS)), text_block("hi")]}]}
 
 
@@ -54,30 +56,30 @@ def test_the_first_message_reads_the_same_as_a_string_or_as_a_marked_block_list(
     as_string = {"system": GIT_STATUS + "\n", "messages": [{"role": "user", "content": "hi"}]}
     as_blocks = {"system": GIT_STATUS + "\n", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}
     for body in (as_string, as_blocks):
-        normalize.relocate_git_status(body, "anthropic")
+        git_status.relocate_git_status(body, "anthropic")
     assert canonical_value(as_string) == canonical_value(as_blocks)
 
 
 def test_a_system_block_holding_only_the_git_status_is_removed():
     body = {"system": [text_block("You help."), text_block(GIT_STATUS)], "messages": [{"role": "user", "content": "hi"}]}
-    normalize.relocate_git_status(body, "anthropic")
+    git_status.relocate_git_status(body, "anthropic")
     assert body["system"] == [text_block("You help.")]
 
 
 def test_a_system_prompt_without_git_status_is_left_alone():
     body = claude_code.modern_request(2)
     before = copy.deepcopy(body)
-    assert normalize.relocate_git_status(body, "anthropic") == [] and body == before
+    assert git_status.relocate_git_status(body, "anthropic") == [] and body == before
 
 
 def test_git_status_mentioned_inside_a_line_is_not_a_paragraph():
     body = {"system": "Look at the gitStatus: line in the first message.", "messages": [{"role": "user", "content": "hi"}]}
-    assert normalize.relocate_git_status(body, "anthropic") == []
+    assert git_status.relocate_git_status(body, "anthropic") == []
 
 
 def test_two_git_status_paragraphs_both_move_in_their_order():
     body = {"system": [text_block(f"A.\n{GIT_STATUS}"), text_block("gitStatus: second")], "messages": [{"role": "user", "content": "hi"}]}
-    normalize.relocate_git_status(body, "anthropic")
+    git_status.relocate_git_status(body, "anthropic")
     assert [block["text"] for block in body["messages"][0]["content"]] == [REMINDER.format(GIT_STATUS), REMINDER.format("gitStatus: second"), "hi"]
 
 
@@ -85,26 +87,26 @@ def test_two_git_status_paragraphs_both_move_in_their_order():
 def test_without_a_user_message_the_git_status_stays_in_the_system_prompt(messages):
     body = {"system": f"You help.\n{GIT_STATUS}", "messages": messages}
     before = copy.deepcopy(body)
-    assert normalize.relocate_git_status(body, "anthropic") == [] and body == before
+    assert git_status.relocate_git_status(body, "anthropic") == [] and body == before
 
 
 def test_a_first_message_that_already_starts_with_a_reminder_gets_the_git_status_before_it():
     body = {"system": GIT_STATUS, "messages": [{"role": "user", "content": [text_block(REMINDER.format("an earlier reminder")), text_block("hi")]}]}
-    normalize.relocate_git_status(body, "anthropic")
+    git_status.relocate_git_status(body, "anthropic")
     assert [block["text"] for block in body["messages"][0]["content"]] == [REMINDER.format(GIT_STATUS), REMINDER.format("an earlier reminder"), "hi"]
 
 
 def test_openai_git_status_moves_from_the_system_message_to_the_first_user_message():
     body = claude_code.openai_request(2)
     body["messages"][0]["content"] += "\n" + GIT_STATUS
-    normalize.relocate_git_status(body, "openai")
+    git_status.relocate_git_status(body, "openai")
     assert "gitStatus" not in body["messages"][0]["content"] and body["messages"][0]["role"] == "system"
     assert body["messages"][1]["content"] == [text_block(REMINDER.format(GIT_STATUS)), text_block("Please look at the failing test.")]
 
 
 def test_openai_system_message_holding_only_the_git_status_is_removed():
     body = {"messages": [{"role": "system", "content": "You help."}, {"role": "system", "content": GIT_STATUS}, {"role": "user", "content": "hi"}]}
-    normalize.relocate_git_status(body, "openai")
+    git_status.relocate_git_status(body, "openai")
     assert body["messages"] == [{"role": "system", "content": "You help."}, {"role": "user", "content": [text_block(REMINDER.format(GIT_STATUS)), text_block("hi")]}]
 
 
@@ -136,12 +138,12 @@ def test_initial_context_moves_whether_sent_as_a_string_or_as_blocks():
 
 def test_a_conversation_without_system_messages_is_left_alone():
     body = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-    assert normalize.lead_with_stable_context(body, "anthropic") == []
+    assert initial_context.lead_with_stable_context(body, "anthropic") == []
 
 
 def test_several_initial_system_messages_keep_their_order():
     body = {"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "one"}, {"role": "system", "content": "two"}]}
-    changes = normalize.lead_with_stable_context(body, "anthropic")
+    changes = initial_context.lead_with_stable_context(body, "anthropic")
     assert [message["content"] for message in body["messages"]] == [REMINDER.format("one"), REMINDER.format("two"), "hi"]
     assert [change.path for change in changes] == ["messages[1]", "messages[2]"]
 
@@ -189,7 +191,7 @@ def test_a_new_conversation_in_the_same_repository_shares_system_tools_and_envir
 @pytest.mark.parametrize("empty", ["", []])
 def test_an_empty_system_message_is_rewritten_like_any_other(empty):
     body = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}, {"role": "system", "content": empty}]}
-    normalize.rewrite_system_messages(body, "anthropic")
+    system_messages.rewrite_system_messages(body, "anthropic")
     assert body["messages"][2]["role"] == "user"
     assert canonical_value(body["messages"][2])["content"] == REMINDER.format("")
 

@@ -6,9 +6,12 @@ import json
 
 import pytest
 
-from stable_prefix.addons import normalize, toolcall_stream
-from stable_prefix.addons.normalize import INLINED_TOOLS_CLOSE, INLINED_TOOLS_OPEN, Change, Rules
+from stable_prefix.addons import normalize, request_shape, toolcall_stream
+from stable_prefix.addons.normalize import Rules
 from stable_prefix.addons.prompt_order import compare, prompt_order
+from stable_prefix.addons.rules import loaded_tools
+from stable_prefix.addons.rules.base import Change
+from stable_prefix.addons.rules.loaded_tools import INLINED_TOOLS_CLOSE, INLINED_TOOLS_OPEN
 from tests.fixtures import claude_code
 
 
@@ -29,14 +32,14 @@ def search_result(body):
 
 def forwarded_tools(body):
     body = copy.deepcopy(body)
-    normalize.inline_loaded_tools(body, "anthropic")
+    loaded_tools.inline_loaded_tools(body, "anthropic")
     return body["tools"]
 
 
 def test_a_loaded_deferred_tool_leaves_tools_for_the_tool_result_that_loaded_it():
     body = loaded_at_2()
-    changes = normalize.inline_loaded_tools(body, "anthropic")
-    assert "WebFetch" not in normalize.tool_names(body)
+    changes = loaded_tools.inline_loaded_tools(body, "anthropic")
+    assert "WebFetch" not in request_shape.tool_names(body)
     web_fetch = claude_code.DEFERRED_TOOLS["WebFetch"]
     assert search_result(body)["content"] == [{"type": "text", "text": f"{INLINED_TOOLS_OPEN}{schema_line(web_fetch)}\n{INLINED_TOOLS_CLOSE}"}]
     assert changes[:2] == [Change("loaded_tools", "messages[5]", "schema of WebFetch written into the tool result that loaded it"),
@@ -45,9 +48,9 @@ def test_a_loaded_deferred_tool_leaves_tools_for_the_tool_result_that_loaded_it(
 
 def test_a_deferred_tool_nothing_loads_goes_last():
     body = claude_code.modern_request(1)
-    changes = normalize.inline_loaded_tools(body, "anthropic")
+    changes = loaded_tools.inline_loaded_tools(body, "anthropic")
     assert body["tools"][-1] == claude_code.PLACEHOLDER_TOOL
-    assert normalize.tool_names(body)[:-1] == [name for name in normalize.tool_names(claude_code.modern_request(1)) if name != "DeferredPlaceholder"]
+    assert request_shape.tool_names(body)[:-1] == [name for name in request_shape.tool_names(claude_code.modern_request(1)) if name != "DeferredPlaceholder"]
     assert changes == [Change("loaded_tools", "tools", "deferred tool DeferredPlaceholder, loaded by no tool_reference, put last")]
 
 
@@ -76,7 +79,7 @@ def test_the_turn_after_a_load_keeps_the_whole_prefix():
 
 def test_a_deferred_tool_nothing_loaded_stays_in_tools():
     body = loaded_at_2()
-    normalize.inline_loaded_tools(body, "anthropic")
+    loaded_tools.inline_loaded_tools(body, "anthropic")
     assert claude_code.PLACEHOLDER_TOOL in body["tools"]
 
 
@@ -85,28 +88,28 @@ def test_a_reference_to_a_tool_that_is_not_deferred_changes_nothing():
     for tool in body["tools"]:
         tool.pop("defer_loading", None)
     before = copy.deepcopy(body)
-    assert normalize.inline_loaded_tools(body, "anthropic") == [] and body == before
+    assert loaded_tools.inline_loaded_tools(body, "anthropic") == [] and body == before
 
 
 def test_a_reference_to_a_tool_missing_from_tools_is_left_as_it_is():
     body = loaded_at_2()
     body["tools"] = [tool for tool in body["tools"] if tool["name"] != "WebFetch"]
     before = copy.deepcopy(body)
-    normalize.inline_loaded_tools(body, "anthropic")
+    loaded_tools.inline_loaded_tools(body, "anthropic")
     assert body["messages"] == before["messages"]
 
 
 def test_two_tools_loaded_at_once_share_one_text_block_in_reference_order():
     body = claude_code.modern_request(3, load_tools_at={2: ("WebFetch", "NotebookEdit")})
-    normalize.inline_loaded_tools(body, "anthropic")
+    loaded_tools.inline_loaded_tools(body, "anthropic")
     [block] = search_result(body)["content"]
     assert block["text"].splitlines()[1:3] == [schema_line(claude_code.DEFERRED_TOOLS[name]) for name in ("WebFetch", "NotebookEdit")]
-    assert "WebFetch" not in normalize.tool_names(body) and "NotebookEdit" not in normalize.tool_names(body)
+    assert "WebFetch" not in request_shape.tool_names(body) and "NotebookEdit" not in request_shape.tool_names(body)
 
 
 def test_a_tool_loaded_twice_is_written_into_both_results():
     body = claude_code.modern_request(5, load_tools_at={2: ("WebFetch",), 4: ("WebFetch",)})
-    normalize.inline_loaded_tools(body, "anthropic")
+    loaded_tools.inline_loaded_tools(body, "anthropic")
     texts = [json.dumps(message) for message in body["messages"] if "toolu_search" in json.dumps(message) and message["role"] == "user"]
     assert len(texts) == 2 and all("<function>" in text for text in texts)
 
@@ -115,7 +118,7 @@ def test_other_blocks_of_the_tool_result_stay_around_the_schema():
     body = loaded_at_2()
     result = search_result(body)
     result["content"] = [{"type": "text", "text": "Found one."}, *result["content"], {"type": "text", "text": "Done."}]
-    normalize.inline_loaded_tools(body, "anthropic")
+    loaded_tools.inline_loaded_tools(body, "anthropic")
     texts = [block["text"] for block in search_result(body)["content"]]
     assert texts[0] == "Found one." and texts[1].startswith(INLINED_TOOLS_OPEN) and texts[2] == "Done."
 
@@ -123,19 +126,19 @@ def test_other_blocks_of_the_tool_result_stay_around_the_schema():
 def test_tool_results_without_references_are_untouched():
     body = claude_code.modern_request(4)
     before = copy.deepcopy(body)
-    normalize.inline_loaded_tools(body, "anthropic")
+    loaded_tools.inline_loaded_tools(body, "anthropic")
     assert body["messages"] == before["messages"]
 
 
 def test_a_body_without_tools_is_left_alone():
     body = {"messages": [{"role": "user", "content": "hi"}]}
-    assert normalize.inline_loaded_tools(body, "anthropic") == []
+    assert loaded_tools.inline_loaded_tools(body, "anthropic") == []
 
 
 def test_with_the_rule_off_the_loaded_tool_stays_in_tools():
     body = loaded_at_2()
     normalize.normalize(body, "anthropic", Rules(inline_loaded_tools=False))
-    assert "WebFetch" in normalize.tool_names(body)
+    assert "WebFetch" in request_shape.tool_names(body)
 
 
 # --- the OpenAI path (claude-code-router) ----------------------------------------------------------
@@ -143,10 +146,10 @@ def test_with_the_rule_off_the_loaded_tool_stays_in_tools():
 
 def test_openai_reference_sent_as_json_text_is_replaced_and_the_tool_leaves_tools():
     body = claude_code.modern_openai_request(3, load_tools_at={2: ("WebFetch",)})
-    normalize.inline_loaded_tools(body, "openai")
+    loaded_tools.inline_loaded_tools(body, "openai")
     result = next(m for m in body["messages"] if m["role"] == "tool" and m["tool_call_id"].startswith("toolu_search"))
     assert result["content"].startswith(INLINED_TOOLS_OPEN) and '"name": "WebFetch"' in result["content"]
-    assert "WebFetch" not in normalize.tool_names(body)
+    assert "WebFetch" not in request_shape.tool_names(body)
 
 
 def test_openai_json_text_holding_other_blocks_is_left_alone_and_so_is_its_tool():
@@ -154,7 +157,7 @@ def test_openai_json_text_holding_other_blocks_is_left_alone_and_so_is_its_tool(
     result = next(m for m in body["messages"] if m["role"] == "tool" and m["tool_call_id"].startswith("toolu_search"))
     result["content"] = json.dumps([{"type": "tool_reference", "tool_name": "WebFetch"}, {"type": "image", "source": {}}])
     before = copy.deepcopy(body)
-    assert normalize.inline_loaded_tools(body, "openai") == [] and body == before
+    assert loaded_tools.inline_loaded_tools(body, "openai") == [] and body == before
 
 
 @pytest.mark.parametrize("content", ["[not json", "[1, 2]", "plain text with tool_reference in it"])
@@ -162,7 +165,7 @@ def test_openai_tool_results_that_are_not_reference_lists_are_untouched(content)
     body = claude_code.modern_openai_request(3, load_tools_at={2: ("WebFetch",)})
     result = next(m for m in body["messages"] if m["role"] == "tool" and m["tool_call_id"].startswith("toolu_search"))
     result["content"] = content
-    assert normalize.inline_loaded_tools(body, "openai") == []
+    assert loaded_tools.inline_loaded_tools(body, "openai") == []
 
 
 # --- still callable ----------------------------------------------------------------------------------
@@ -174,8 +177,8 @@ def test_openai_tool_results_that_are_not_reference_lists_are_untouched(content)
 ])
 def test_inlined_tools_are_found_in_the_forwarded_body(api, body):
     normalize.normalize(body, api)
-    assert normalize.inlined_tool_names(body, api) == {"WebFetch"}
-    assert normalize.inlined_tool_names(claude_code.modern_request(3), "anthropic") == set()
+    assert loaded_tools.inlined_tool_names(body, api) == {"WebFetch"}
+    assert loaded_tools.inlined_tool_names(claude_code.modern_request(3), "anthropic") == set()
 
 
 def test_the_toolcall_addon_counts_inlined_tools_as_offered():

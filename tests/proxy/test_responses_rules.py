@@ -4,9 +4,11 @@ import copy
 
 import pytest
 
-from stable_prefix.addons import normalize
-from stable_prefix.addons.normalize import Change, Rules
+from stable_prefix.addons import normalize, request_shape, server_compat
+from stable_prefix.addons.normalize import Rules
 from stable_prefix.addons.prompt_order import prompt_order
+from stable_prefix.addons.rules import billing_header, git_status, initial_context, system_messages, tool_order
+from stable_prefix.addons.rules.base import Change
 from tests.fixtures import claude_code, codex
 
 
@@ -25,7 +27,7 @@ def user(text: str) -> dict:
     ("/v1/responses/resp_1/cancel", None),
 ])
 def test_the_responses_path_is_recognized_and_its_side_routes_are_not(path, api):
-    assert normalize.api_for("POST", path) == api
+    assert request_shape.api_for("POST", path) == api
 
 
 def test_a_continued_codex_turn_is_changed_only_in_its_model_name():
@@ -39,8 +41,8 @@ def test_a_continued_codex_turn_is_changed_only_in_its_model_name():
 def test_leading_developer_messages_are_the_system_prompt_and_stay():
     body = codex.Conversation("Say hello.").request()
     before = copy.deepcopy(body)
-    assert normalize.rewrite_system_messages(body, "responses") == []
-    assert normalize.lead_with_stable_context(body, "responses") == []
+    assert system_messages.rewrite_system_messages(body, "responses") == []
+    assert initial_context.lead_with_stable_context(body, "responses") == []
     assert body == before
 
 
@@ -49,7 +51,7 @@ def test_a_developer_message_appended_mid_conversation_becomes_a_user_reminder_i
     body = conversation.request()
     index = next(i for i, item in enumerate(body["input"]) if i > 1 and item.get("role") == "developer")
     item_id = body["input"][index]["id"]
-    changes = normalize.rewrite_system_messages(body, "responses")
+    changes = system_messages.rewrite_system_messages(body, "responses")
     assert changes == [Change("system_messages", f"input[{index}]", "developer message rewritten as user <system-reminder>")]
     assert body["input"][index] == {
         "type": "message", "id": item_id, "role": "user",
@@ -70,7 +72,7 @@ def test_the_rewritten_turn_keeps_the_previous_turn_as_its_prefix():
 
 def test_a_system_message_before_the_first_answer_moves_before_the_first_user_message():
     body = {"model": "m", "input": [developer("Base."), user("Hi."), {"role": "system", "content": "Context."}]}
-    changes = normalize.lead_with_stable_context(body, "responses")
+    changes = initial_context.lead_with_stable_context(body, "responses")
     assert [change.rule for change in changes] == ["initial_context"]
     assert body["input"] == [developer("Base."), {"role": "user", "content": "<system-reminder>\nContext.\n</system-reminder>"}, user("Hi.")]
 
@@ -78,26 +80,26 @@ def test_a_system_message_before_the_first_answer_moves_before_the_first_user_me
 def test_after_a_stored_response_no_item_is_leading_system_text():
     """A request continuing `previous_response_id` follows the stored history."""
     body = {"model": "m", "previous_response_id": "resp_1", "input": [developer("New rules."), user("Next.")]}
-    normalize.rewrite_system_messages(body, "responses")
+    system_messages.rewrite_system_messages(body, "responses")
     assert body["input"][0]["role"] == "user"
 
 
 def test_the_billing_header_is_stripped_from_instructions():
     body = {"model": "m", "instructions": claude_code.billing_text() + "\nYou are helpful.", "input": "hi"}
-    changes = normalize.strip_billing_header(body, "responses")
+    changes = billing_header.strip_billing_header(body, "responses")
     assert body["instructions"] == "You are helpful."
     assert changes == [Change("billing_header", "instructions", "removed billing header line")]
 
 
 def test_instructions_holding_only_a_billing_header_go_entirely():
     body = {"model": "m", "instructions": claude_code.billing_text(), "input": "hi"}
-    normalize.strip_billing_header(body, "responses")
+    billing_header.strip_billing_header(body, "responses")
     assert "instructions" not in body
 
 
 def test_a_git_status_in_the_instructions_moves_into_the_first_user_message_as_input_text():
     body = {"model": "m", "instructions": "Be brief.\ngitStatus: Current branch: main\nStatus:\nM a.py", "input": [user("Hi.")]}
-    normalize.relocate_git_status(body, "responses")
+    git_status.relocate_git_status(body, "responses")
     assert body["instructions"] == "Be brief."
     assert body["input"][0]["content"] == [
         {"type": "input_text", "text": "<system-reminder>\ngitStatus: Current branch: main\nStatus:\nM a.py\n</system-reminder>"},
@@ -106,7 +108,7 @@ def test_a_git_status_in_the_instructions_moves_into_the_first_user_message_as_i
 
 def test_max_output_tokens_is_capped():
     body = {"model": "m", "input": "hi", "max_output_tokens": 32000}
-    assert normalize.cap_max_tokens(body, 512) == [Change("max_tokens", "max_output_tokens", "32000 -> 512")]
+    assert server_compat.cap_max_tokens(body, 512) == [Change("max_tokens", "max_output_tokens", "32000 -> 512")]
     assert body["max_output_tokens"] == 512
 
 
@@ -127,5 +129,5 @@ def test_a_string_input_is_left_as_it_is():
 
 def test_tools_sort_by_name_when_asked_with_unnamed_hosted_tools_first():
     body = codex.Conversation("Hi.").request()
-    normalize.sort_tools(body, "responses")
+    tool_order.sort_tools(body, "responses")
     assert [tool.get("name") for tool in body["tools"]] == [None, "agents", "apply_patch", "exec_command"]

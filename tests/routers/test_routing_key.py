@@ -6,7 +6,7 @@ import pytest
 from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
-from stable_prefix.addons import normalize
+from stable_prefix.addons import normalize, request_shape
 from stable_prefix.addons.lanes import routing_key
 from stable_prefix.addons.strip_billing import StripBilling
 from tests.fixtures import claude_code
@@ -17,7 +17,7 @@ from tests.support.recording_anthropic_stub import RecordingHandler
 HEADER = "x-session-id"
 
 
-def forwarded_key(body: dict, api: normalize.Api = "anthropic") -> str:
+def forwarded_key(body: dict, api: request_shape.Api = "anthropic") -> str:
     """The key of a body as the proxy forwards it: after the default rules."""
     normalize.normalize(body, api, normalize.Rules())
     return routing_key(body, api)

@@ -6,7 +6,7 @@ import json
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
-from stable_prefix.addons import normalize
+from stable_prefix.addons import normalize, router_compat
 from stable_prefix.addons.strip_billing import StripBilling
 from tests.fixtures import claude_code, codex
 
@@ -25,7 +25,7 @@ def test_a_messages_fields_besides_role_and_content_are_dropped_and_named():
     body = claude_code_332()
     changes = normalize.normalize(body, "anthropic", STRICT)
     assert all(set(message) <= {"role", "content"} for message in body["messages"])
-    assert any(change.rule == normalize.STRICT_ROUTER and "output_config" in change.detail for change in changes)
+    assert any(change.rule == router_compat.STRICT_ROUTER and "output_config" in change.detail for change in changes)
 
 
 def test_what_the_engine_reads_is_left_as_it_was():
@@ -41,7 +41,7 @@ def test_the_messages_model_fields_are_the_ones_vllm_mlx_reads():
     """Fails the day vllm-mlx reads another field of a message: then the rule must keep it."""
     from vllm_mlx.api.anthropic_models import AnthropicMessage
 
-    assert tuple(AnthropicMessage.model_fields) == normalize.STRICT_ROUTER_MESSAGE_FIELDS
+    assert tuple(AnthropicMessage.model_fields) == router_compat.STRICT_ROUTER_MESSAGE_FIELDS
 
 
 def test_vllm_mlx_reads_no_thinking_field():
@@ -68,7 +68,7 @@ def test_a_responses_request_without_temperature_gets_the_engines_own_default():
 
     body = {"model": "tiny", "input": "hi", "max_output_tokens": 16}
     normalize.normalize(body, "responses", STRICT)
-    assert body["temperature"] == normalize.ENGINE_DEFAULT_TEMPERATURE == server._FALLBACK_TEMPERATURE
+    assert body["temperature"] == router_compat.ENGINE_DEFAULT_TEMPERATURE == server._FALLBACK_TEMPERATURE
 
 
 def test_a_responses_temperature_the_client_chose_stays():
@@ -112,4 +112,4 @@ def test_a_responses_field_the_engine_reads_stays_even_where_smg_refuses_it():
 def test_the_responses_fields_kept_for_the_engine_are_the_ones_vllm_mlx_reads():
     from vllm_mlx.api.responses_models import ResponsesRequest
 
-    assert set(normalize.ENGINE_RESPONSES_FIELDS) == set(ResponsesRequest.model_fields)
+    assert set(router_compat.ENGINE_RESPONSES_FIELDS) == set(ResponsesRequest.model_fields)
