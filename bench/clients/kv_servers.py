@@ -44,8 +44,19 @@ from stable_prefix.servers import REPO_ROOT
 MAX_TOKENS_SESSION = "session"
 
 
+# The disk tier whatever the environment says (a test run turns it off for every engine it starts).
+DISK_TIER_ON = {"ENGINE_PATCH_NO_DISK_CACHE": "0"}
+
+
 def engine_flags(directory: Path) -> list[str]:
     return ["--prefix-cache-dir", str(directory), "--prefix-cache-bytes", str(RAM_BUDGET_BYTES), "--prefix-cache-disk-bytes", str(DISK_BUDGET_BYTES)]
+
+
+def _with_disk_tier(endpoints):
+    """`endpoints`, once its engine says its disk tier is on (the bench measures nothing without it)."""
+    if not (cache_stats(endpoints.server_url) or {}).get("disk_enabled"):
+        raise RuntimeError(f"{endpoints.config.key}: the engine started without its disk tier; see {endpoints.server_log}")
+    return endpoints
 
 
 def through_servers(configs: list[Configuration], session: KvSession, shape: KvShape, logs: Path) -> dict[str, dict[str, Any]]:
@@ -59,8 +70,8 @@ def through_servers(configs: list[Configuration], session: KvSession, shape: KvS
         directories = {config.key: Path(root) / f"kv-{number}" for number, config in enumerate(configs)}
         started_at = time.perf_counter()
         with contextlib.ExitStack() as stack:
-            endpoints = {config.key: stack.enter_context(started(config, shape.model, logs, engine_flags=engine_flags(directories[config.key])))
-                         for config in configs}
+            endpoints = {config.key: _with_disk_tier(stack.enter_context(
+                started(config, shape.model, logs, engine_flags=engine_flags(directories[config.key]), engine_env=DISK_TIER_ON))) for config in configs}
             replayers = {config.key: endpoints[config.key].replayer(max_tokens=max_tokens, prompt_tokens_of=lambda r: len(tokens.prompt(r.index)))
                          for config in configs}
             for turn, step in enumerate(steps(requests)):
@@ -117,17 +128,19 @@ def _held_by_length(lengths: list[int] | None, session: SessionFile) -> list[dic
     """The sequences of held entries of these lengths. An entry is the state a request ended with (its
     whole sequence), a prefix of it that fit the budget or that concurrent requests shared: the latest
     request whose sequence is that long, else the latest whose sequence it cuts after the prompt, else
-    the latest whose prompt it cuts."""
+    the latest whose prompt it cuts; entries of one length go to as many different requests."""
     if lengths is None:
         return None
     latest_first = [(index, len(session.prompt(index)), len(session.sequence(index))) for index in reversed(range(len(session)))]
-    held = []
+    rules = (lambda length, prompt, whole: whole == length, lambda length, prompt, whole: prompt <= length <= whole,
+             lambda length, prompt, whole: prompt >= length)
+    held, taken = [], set()
     for length in lengths:
-        holder = next((index for index, _, whole in latest_first if whole == length), None)
-        holder = holder if holder is not None else next((index for index, prompt, whole in latest_first if prompt <= length <= whole), None)
-        holder = holder if holder is not None else next((index for index, prompt, _ in latest_first if prompt >= length), None)
-        if holder is None:
+        candidates = [index for rule in rules for index, prompt, whole in latest_first if rule(length, prompt, whole)]
+        if not candidates:
             return None
+        holder = next((index for index in candidates if index not in taken), candidates[0])
+        taken.add(holder)
         held.append({"tokens": session.sequence(holder)[:length].tolist(), "checkpoints": []})
     return held
 
@@ -149,7 +162,7 @@ def _restart(config: Configuration, shape: KvShape, logs: Path, directory: Path,
     """A new engine on the directory: each lane's last request again, one token of reply; the lanes it restored whole."""
     last = {tokens.lane(index): index for index in range(len(tokens))}
     warm = {}
-    with started(config, shape.model, logs, engine_flags=engine_flags(directory)) as endpoints:
+    with started(config, shape.model, logs, engine_flags=engine_flags(directory), engine_env=DISK_TIER_ON) as endpoints:
         replayer = endpoints.replayer(max_tokens=1, prompt_tokens_of=lambda r: len(tokens.prompt(r.index)))
         for lane, index in last.items():
             (result,) = replayer.step([requests[index]])

@@ -62,7 +62,8 @@ def test_two_engines_through_servers_take_the_same_requests_and_are_paired(tmp_p
     finally:
         shutil.rmtree(other.engine.cwd)  # the export's namespace of links, in build/engine-trees/
     ours, theirs = runs[PRODUCT.key], runs[other.key]
-    assert [r["reused"] for r in ours["requests"]] == [r["reused"] for r in theirs["requests"]]
+    # The fan-out group's instances run at once: which one waits for the other's head is the moment's draw.
+    assert sorted(r["reused"] for r in ours["requests"]) == sorted(r["reused"] for r in theirs["requests"])
     assert ours["end_stats"]["disk_bytes_written"] == theirs["end_stats"]["disk_bytes_written"] > 0
     assert all(ours["restart"]["warm_on_disk"].values())
     figures_ = figures(ours, ours["sequences"], 1.0)
