@@ -46,6 +46,7 @@ from stable_prefix.bench.clients.stack import Configuration, cpu_description, pr
 from stable_prefix.bench.measure import kv_report
 from stable_prefix.bench.measure.kv_figures import figures
 from stable_prefix.bench.probes.kv_session_file import SessionFile
+from stable_prefix.bench.run import turn_order
 from stable_prefix.bench.workload.kv_sessions import SESSIONS, rendered
 from stable_prefix.bench.workload.kv_shapes import DISK_BUDGET_BYTES, RAM_BUDGET_BYTES, REAL_SHAPES, SHAPES, GiB, KvShape, model_bytes
 from stable_prefix.servers import REPO_ROOT
@@ -99,37 +100,33 @@ def run_in_process(engine: EngineTree, session: SessionFile, tokens_file: Path, 
 
 def in_process(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = []
-    for session_key in args.sessions:
-        for shape_key in args.shapes:
-            shape = SHAPES[shape_key]
-            if not (shape.model / "config.json").exists():
-                raise SystemExit(f"{shape.model}: missing; run `make tiny-kv-models`")
-            session, tokens_file = rendered(SESSIONS[session_key], shape.model)
-            bytes_per_token, checkpoint_bytes = model_bytes(shape.model)
-            layers = args.layers or layers_to_run(shape, session, bytes_per_token, checkpoint_bytes)
-            print(f"{session_key} session x {shape.title}", flush=True)
-            order = args.engines if len(runs) % 2 == 0 else list(reversed(args.engines))
-            for engine in order:
-                run = run_in_process(engine, session, tokens_file, shape, layers, args.logs)
-                runs.append({"session": session_key, "shape": shape_key, "engine": engine.label, "layers_run": layers, "layers": shape.layers,
-                             "figures": figures(run, session, shape.layers / layers)})
+    for turn, (session_key, shape_key) in enumerate((session, shape) for session in args.sessions for shape in args.shapes):
+        shape = SHAPES[shape_key]
+        if not (shape.model / "config.json").exists():
+            raise SystemExit(f"{shape.model}: missing; run `make tiny-kv-models`")
+        session, tokens_file = rendered(SESSIONS[session_key], shape.model)
+        bytes_per_token, checkpoint_bytes = model_bytes(shape.model)
+        layers = args.layers or layers_to_run(shape, session, bytes_per_token, checkpoint_bytes)
+        print(f"{session_key} session x {shape.title}", flush=True)
+        for engine in turn_order(args.engines, turn):
+            run = run_in_process(engine, session, tokens_file, shape, layers, args.logs)
+            runs.append({"session": session_key, "shape": shape_key, "engine": engine.label, "layers_run": layers, "layers": shape.layers,
+                         "figures": figures(run, session, shape.layers / layers)})
     return runs
 
 
 def servers(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = []
-    for session_key in args.sessions:
-        for shape_key in args.shapes:
-            shape, session = SHAPES[shape_key], SESSIONS[session_key]
-            print(f"{session_key} session (scale {session.server_scale}) x {shape.title}, through servers", flush=True)
-            engines = args.engines if len(runs) % 2 == 0 else list(reversed(args.engines))
-            by_key = through_servers([configuration_of(engine) for engine in engines], session, shape, args.logs)
-            first = by_key[configuration_of(args.engines[0]).key]
-            for engine in args.engines:
-                run = by_key[configuration_of(engine).key]
-                runs.append({"session": session_key, "shape": shape_key, "engine": engine.label, "layers_run": shape.layers, "layers": shape.layers,
-                             "scale": session.server_scale, "figures": figures(run, run["sequences"], 1.0),
-                             "paired_with_first_engine": None if run is first else paired_timings(run["rows"], first["rows"])})
+    for turn, (session_key, shape_key) in enumerate((session, shape) for session in args.sessions for shape in args.shapes):
+        shape, session = SHAPES[shape_key], SESSIONS[session_key]
+        print(f"{session_key} session (scale {session.server_scale}) x {shape.title}, through servers", flush=True)
+        by_key = through_servers([configuration_of(engine) for engine in turn_order(args.engines, turn)], session, shape, args.logs)
+        first = by_key[configuration_of(args.engines[0]).key]
+        for engine in args.engines:
+            run = by_key[configuration_of(engine).key]
+            runs.append({"session": session_key, "shape": shape_key, "engine": engine.label, "layers_run": shape.layers, "layers": shape.layers,
+                         "scale": session.server_scale, "figures": figures(run, run["sequences"], 1.0),
+                         "paired_with_first_engine": None if run is first else paired_timings(run["rows"], first["rows"])})
     return runs
 
 
