@@ -81,6 +81,7 @@ MAX_ATTEMPTS = 3
 CONNECT_TIMEOUT_S = 30.0
 READ_BYTES = 65536
 RECOVERED_NOTE = "completed a stream the engine broke off"
+STALE_AFTER_S = 60.0
 
 
 def declare_option(loader) -> None:
@@ -105,12 +106,13 @@ def parse_mode(value: str) -> str:
 class FollowedStream:
     """A chat completion stream the client is reading: what it has been sent, and how to ask again."""
 
-    flow_id: str
+    flow: weakref.ref  # the flow, while mitmproxy keeps it (its comment gets the recovery's line)
     body: dict  # the request as forwarded
     request: http.Request
     response: http.Response
     delivered: Delivered = field(default_factory=Delivered)
     parser: SSEParser = field(default_factory=SSEParser)
+    errored_at: float | None = None  # the flow failed: its cut is recovered right after, or never (the client left)
 
     def to_client(self, data: bytes) -> list[bytes]:
         """`data` through the flow's stream callables, all of them (ours first, later addons' after)."""
@@ -143,7 +145,7 @@ def follow(flow: http.HTTPFlow, recovery_mode: str) -> FollowedStream | None:
     body = read_json_body(flow.request)
     if isinstance(body, LeftAlone) or body.get("stream") is not True or body.get("n", 1) != 1:
         return None
-    followed = FollowedStream(flow.id, body, flow.request, response)
+    followed = FollowedStream(weakref.ref(flow), body, flow.request, response)
     previous = response.stream if callable(response.stream) else None
 
     def ours_first(chunk: bytes):
@@ -155,7 +157,10 @@ def follow(flow: http.HTTPFlow, recovery_mode: str) -> FollowedStream | None:
         return previous(whole) if whole else b""
 
     response.stream = ours_first
-    for key in [key for key, (alive, _) in _followed.items() if alive() is None]:
+    # A failed flow's entry is taken as soon as its error hook is done, when its cut is recovered; one still here
+    # a while later never will be (the client left).
+    now = time.monotonic()
+    for key in [key for key, (alive, old) in _followed.items() if alive() is None or (old.errored_at or now) < now - STALE_AFTER_S]:
         del _followed[key]
     _followed[id(flow.request)] = (weakref.ref(flow.request), followed)
     return followed
@@ -199,7 +204,8 @@ class UpstreamAnswer:
         except (OSError, TimeoutError) as error:
             raise UpstreamBroke(f"could not connect to {request.scheme}://{request.host}:{request.port} ({error})") from error
         connection = h11.Connection(h11.CLIENT)
-        skip = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding", "keep-alive"}
+        # The body is sent as plain JSON, read as it arrives (no content-encoding either way), on a connection of its own.
+        skip = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding", "keep-alive", "content-encoding"}
         headers = [("host", f"{request.host}:{request.port}"), *((name, value) for name, value in request.headers.items(multi=True)
                                                                  if name.lower() not in skip),
                    ("content-length", str(len(body))), ("accept-encoding", "identity"), ("connection", "close")]
@@ -428,14 +434,26 @@ def _recover(server: Http1Server, event: ResponseProtocolError, followed: Follow
             how = " then ".join(attempt.kind for attempt in recovery.attempts) or "its end"
             _count(COUNTS.completed, how)
             COUNTS.seconds.append(time.monotonic() - recovery.started)
-            logger.warning(f"{where}: {OPTION}: {RECOVERED_NOTE} ({how}): {recovery.summary()}")
+            # The answer's id names it in the log, as the client reads it (the team bench counts recoveries by it).
+            note = f"{OPTION}: {RECOVERED_NOTE} ({how}) [{followed.delivered.envelope.get('id')}]: {recovery.summary()}"
+            logger.warning(f"{where}: {note} ({sum(COUNTS.completed.values())} completed since the proxy started)")
+            _comment(followed, note)
             return
         if outcome.failed:
             recovery.close()
             _count(COUNTS.not_completed, outcome.failed.split(" (")[0][:80])
-            logger.warning(f"{where}: {OPTION}: could not complete the stream ({outcome.failed}); {recovery.summary()}; it ends with the error event")
+            note = f"{OPTION}: could not complete the stream ({outcome.failed}); {recovery.summary()}; it ends with the error event"
+            logger.warning(f"{where}: {note}")
+            _comment(followed, note)
             yield from send(server, event)
             return
+
+
+def _comment(followed: FollowedStream, line: str) -> None:
+    """Where mitmweb shows a flow's notes."""
+    flow = followed.flow()
+    if flow is not None:
+        flow.comment = f"{flow.comment}\n{line}" if flow.comment else line
 
 
 def _count(counter: dict[str, int], key: str) -> None:
@@ -478,6 +496,11 @@ class StreamRecovery:
 
     def response(self, flow: http.HTTPFlow) -> None:
         taken(flow.request)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        alive, followed = _followed.get(id(flow.request), (None, None))
+        if followed is not None and alive() is flow.request:
+            followed.errored_at = time.monotonic()
 
     async def stream_recovery_step(self, step: RecoveryStep) -> None:
         try:

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from stable_prefix.addons.stream_recovery import RECOVERED_NOTE
+from stable_prefix.bench.agent_clients import NOT_STREAMED, STREAMED
 from stable_prefix.bench.cli_agents import AGENTS, conversation
 from stable_prefix.bench.cut_relay import Cut, CutRelay, cut_relay
 from stable_prefix.bench.stack import UNBUFFERED, cpu_description, stop_servers_on_sigterm
@@ -39,6 +41,8 @@ SERVED_MODEL = "tiny-failover"
 MAX_OUTPUT_TOKENS = 2048
 MID_REPLY_EVENTS = 20
 PROMPT = "Explain what this project does, in detail."
+# The turn's own request, not a title request sent before it (opencode's): every agent's turn carries its tools.
+TURN_REQUEST_BYTES = 4000
 
 
 @dataclass(frozen=True)
@@ -58,42 +62,39 @@ FORMS = {form.key: form for form in (
 RECOVERY_VALUES = ("off", "replay", "continue")
 
 
-def outcome(relay: CutRelay, returncode: int, reply: str) -> dict[str, Any]:
-    """What became of the turn, from what reached the engine after the cut and what the CLI said."""
+def outcome(relay: CutRelay, returncode: int, reply: str, completed_by_proxy: bool) -> dict[str, Any]:
+    """What became of the turn, from what reached the engine after the cut, the proxy's log and what the CLI said."""
     requests = relay.api_requests()
     cut = next((request for request in requests if request.cut), None)
     if cut is None:
-        return {"outcome": "not cut", "detail": "no streamed answer was cut (the reply ended first?)"}
-    after = [request for request in requests if request.started > cut.started]
-    again = [request for request in after if request.conversation == cut.conversation]
-    answered = [request for request in again if request.status == 200 and not request.cut]
+        return {"outcome": "not cut", "detail": "no streamed answer was cut (the reply ended first?)", "resends": [], "resent_as": None}
+    again = [asdict(request) for request in requests if request.started > cut.started and request.conversation == cut.conversation]
+    answered = [request for request in again if request["status"] == 200 and not request["cut"]]
+    if completed_by_proxy and returncode == 0:
+        return {"outcome": "recovered by the proxy", "detail": f"completed in the agent's open stream ({len(again)} request(s) from the proxy)",
+                "resends": again, "resent_as": None}
     if answered and returncode == 0:
-        how = "streamed" if answered[0].stream else "not streamed"
-        return {"outcome": "recovered", "detail": f"the same request sent again ({how}), {len(again)} time(s) after the cut",
-                "resends": [asdict(request) for request in again]}
+        how = STREAMED if answered[0]["stream"] else NOT_STREAMED
+        return {"outcome": "recovered by the agent", "detail": f"it sent the request again ({how}), {len(again)} time(s)", "resends": again,
+                "resent_as": how}
     if returncode == 0 and reply:
-        return {"outcome": "lost", "detail": f"exit 0 with an answer of {len(reply)} characters and nothing sent again: the cut answer taken as whole",
-                "resends": [asdict(request) for request in again]}
-    return {"outcome": "lost", "detail": f"exit {returncode}, nothing answered again", "resends": [asdict(request) for request in again]}
+        return {"outcome": "lost", "detail": f"exit 0 with an answer of {len(reply)} characters, nothing sent again: the cut answer taken as whole",
+                "resends": again, "resent_as": None}
+    return {"outcome": "lost", "detail": f"exit {returncode}, nothing answered again", "resends": again, "resent_as": None}
 
 
 def run_one(agent_key: str, binary: Path, form: CutForm, recovery: str, engine_url: str, work: Path, log_dir: Path) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
-        relay = stack.enter_context(cut_relay(engine_url, Cut(form.after_content_events)))
+        relay = stack.enter_context(cut_relay(engine_url, Cut(form.after_content_events, min_request_bytes=TURN_REQUEST_BYTES)))
         port = free_port()
         options = {"upstream_model": SERVED_MODEL, "max_tokens_cap": MAX_OUTPUT_TOKENS, "answer_engine_failures": form.error_event,
-                   **({"stream_recovery": recovery} if recovery != "off" else {})}
+                   "stream_recovery": recovery}
         command = mitmdump_command(["addons/strip_billing.py"], relay.url, port, options)
         proxy = stack.enter_context(running(f"proxy-{agent_key}-{form.key}-{recovery}", command, port=port, log_dir=log_dir, env=UNBUFFERED))
         talk = conversation(agent_key, binary, work / f"{agent_key}-{form.key}-{recovery}", proxy.url, SERVED_MODEL, MAX_OUTPUT_TOKENS)
         turn = talk.turn(PROMPT)
         requests = relay.api_requests()
-        recovered_by_proxy = "completed a stream the engine broke off" in proxy.log_text()
-    found = outcome(relay, turn.returncode, turn.reply)
-    if recovery != "off" and found["outcome"] == "not cut" and recovered_by_proxy:
-        found = {"outcome": "recovered", "detail": "completed by the proxy (stream_recovery)"}
-    elif recovery != "off" and recovered_by_proxy and found["outcome"] == "recovered":
-        found["detail"] = "completed by the proxy (stream_recovery): " + found["detail"]
+        found = outcome(relay, turn.returncode, turn.reply, RECOVERED_NOTE in proxy.log_text())
     return {"agent": agent_key, "name": AGENTS[agent_key].name, "protocol": AGENTS[agent_key].protocol, "form": form.key, "recovery": recovery,
             "returncode": turn.returncode, "reply_chars": len(turn.reply), "reply_tail": turn.reply[-160:], "stderr_tail": turn.stderr[-400:],
             "requests": [asdict(request) for request in requests], **found}

@@ -44,6 +44,8 @@ API_PATHS = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 class Cut:
     after_content_events: int  # events carrying output that pass before the cut (0: before the first one)
     streams: int = 1  # how many streamed answers are cut, the first ones
+    # Only answers to requests at least this large: an agent's turn, not the title request it may send first.
+    min_request_bytes: int = 0
 
 
 @dataclass
@@ -53,6 +55,7 @@ class RelayedRequest:
     sampling: dict  # temperature, top_p, top_k, seed as the request asked (absent: not sent)
     conversation: str | None  # a digest of its messages (Responses: input): a resend repeats it
     last_role: str | None  # the role of its last message (a continuation ends with the assistant's)
+    body_bytes: int
     started: float
     status: int | None = None
     cut: bool = False
@@ -77,10 +80,10 @@ class CutRelay:
         return [request for request in self.requests if request.path.split("?")[0].endswith(API_PATHS)]
 
     def claim_cut(self, request: RelayedRequest) -> bool:
-        """Whether this streamed answer is one of those to cut (the first `cut.streams`)."""
+        """Whether this streamed answer is one of those to cut (the first `cut.streams` large enough)."""
         with self.lock:
             cut_so_far = sum(1 for other in self.requests if other.cut)
-            if self.cut is None or not request.stream or cut_so_far >= self.cut.streams:
+            if self.cut is None or not request.stream or cut_so_far >= self.cut.streams or request.body_bytes < self.cut.min_request_bytes:
                 return False
             request.cut = True
             return True
@@ -125,7 +128,7 @@ def _handler(relay: CutRelay) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 parsed = None
             record = RelayedRequest(self.path, isinstance(parsed, dict) and parsed.get("stream") is True, sampling_of(parsed),
-                                    conversation_digest(parsed), last_role(parsed), time.time())
+                                    conversation_digest(parsed), last_role(parsed), len(body), time.time())
             with relay.lock:
                 relay.requests.append(record)
             headers = {name: value for name, value in self.headers.items() if name.lower() not in HOP_HEADERS}
