@@ -14,6 +14,9 @@ from typing import Protocol
 
 MEASURED_IN = "bench/results/agent-cuts/latest.json"
 STREAMED, NOT_STREAMED = "streamed", "not streamed"
+# It sends the partial answer back with a request to go on (Qwen Code after a silent cut): the bench's client
+# sends the request again, streamed, in its place (what the turn costs is alike: one more request, warm).
+RESUMED = "resumed"
 # How a client's reply says its connection ended mid-stream with no error event (`bench.replay.post_streamed`).
 SILENT_CUT = "stream cut: "
 
@@ -23,7 +26,7 @@ class AgentClient:
     key: str  # as bench/cli_agents.py names the CLI
     name: str
     protocol: str  # anthropic, openai (chat completions), responses
-    after_error_event: str | None  # how it sends the request again: STREAMED, NOT_STREAMED, or None (it does not)
+    after_error_event: str | None  # how it sends the request again: STREAMED, NOT_STREAMED, RESUMED, or None (it does not)
     after_silent_cut: str | None
 
 
@@ -54,7 +57,7 @@ def loss_kind(reply: Answered) -> str | None:
 
 
 def resend_as(client: AgentClient, reply: Answered) -> str | None:
-    """How `client` sends the request of this reply again (STREAMED, NOT_STREAMED), or None: it does not."""
+    """How `client` sends the request of this reply again (STREAMED, NOT_STREAMED, RESUMED), or None: it does not."""
     kind = loss_kind(reply)
     if kind == "error event":
         return client.after_error_event

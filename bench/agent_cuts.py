@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.addons.stream_recovery import RECOVERED_NOTE
-from stable_prefix.bench.agent_clients import NOT_STREAMED, STREAMED
+from stable_prefix.bench.agent_clients import NOT_STREAMED, RESUMED, STREAMED
 from stable_prefix.bench.cli_agents import AGENTS, conversation
 from stable_prefix.bench.cut_relay import Cut, CutRelay, cut_relay
 from stable_prefix.bench.stack import UNBUFFERED, cpu_description, stop_servers_on_sigterm
@@ -40,7 +40,9 @@ SERVED_MODEL = "tiny-failover"
 # again by Qwen Code with a larger one, which would read as a resend).
 MAX_OUTPUT_TOKENS = 2048
 MID_REPLY_EVENTS = 20
-PROMPT = "Explain what this project does, in detail."
+# Asked in turn until a reply is long enough to be cut (greedy replies of the tiny model end where they end).
+PROMPTS = ("Explain what this project does, in detail.", "Describe how this project is built, step by step.",
+           "Tell me everything about the files in this project.")
 # The turn's own request, not a title request sent before it (opencode's): every agent's turn carries its tools.
 TURN_REQUEST_BYTES = 4000
 
@@ -63,41 +65,49 @@ RECOVERY_VALUES = ("off", "replay", "continue")
 
 
 def outcome(relay: CutRelay, returncode: int, reply: str, completed_by_proxy: bool) -> dict[str, Any]:
-    """What became of the turn, from what reached the engine after the cut, the proxy's log and what the CLI said."""
+    """What became of the turn, from what reached the engine after the cut, the proxy's log and what the CLI said.
+    A request after the cut that opens as the cut one did (system and first prompt) is the agent's: the same
+    request again, or (more messages: the partial answer and a request to go on) a resumption."""
     requests = relay.api_requests()
     cut = next((request for request in requests if request.cut), None)
     if cut is None:
-        return {"outcome": "not cut", "detail": "no streamed answer was cut (the reply ended first?)", "resends": [], "resent_as": None}
-    again = [asdict(request) for request in requests if request.started > cut.started and request.conversation == cut.conversation]
-    answered = [request for request in again if request["status"] == 200 and not request["cut"]]
+        return {"outcome": "not cut", "detail": "no streamed answer was cut (the reply ended first)", "resends": [], "resent_as": None}
+    again = [request for request in requests if request.started > cut.started and request.head == cut.head and request.path == cut.path]
+    answered = [request for request in again if request.status == 200 and not request.cut]
+    resends = [asdict(request) for request in again]
     if completed_by_proxy and returncode == 0:
         return {"outcome": "recovered by the proxy", "detail": f"completed in the agent's open stream ({len(again)} request(s) from the proxy)",
-                "resends": again, "resent_as": None}
+                "resends": resends, "resent_as": None}
     if answered and returncode == 0:
-        how = STREAMED if answered[0]["stream"] else NOT_STREAMED
-        return {"outcome": "recovered by the agent", "detail": f"it sent the request again ({how}), {len(again)} time(s)", "resends": again,
-                "resent_as": how}
+        first = answered[0]
+        how = RESUMED if first.messages > cut.messages else STREAMED if first.stream else NOT_STREAMED
+        what = ("it sent the partial answer back with a request to resume" if how == RESUMED
+                else f"it sent the request again ({how})")
+        return {"outcome": "recovered by the agent", "detail": f"{what}, {len(again)} request(s)", "resends": resends, "resent_as": how}
     if returncode == 0 and reply:
         return {"outcome": "lost", "detail": f"exit 0 with an answer of {len(reply)} characters, nothing sent again: the cut answer taken as whole",
-                "resends": again, "resent_as": None}
-    return {"outcome": "lost", "detail": f"exit {returncode}, nothing answered again", "resends": again, "resent_as": None}
+                "resends": resends, "resent_as": None}
+    return {"outcome": "lost", "detail": f"exit {returncode}, nothing answered again", "resends": resends, "resent_as": None}
 
 
 def run_one(agent_key: str, binary: Path, form: CutForm, recovery: str, engine_url: str, work: Path, log_dir: Path) -> dict[str, Any]:
-    with contextlib.ExitStack() as stack:
-        relay = stack.enter_context(cut_relay(engine_url, Cut(form.after_content_events, min_request_bytes=TURN_REQUEST_BYTES)))
-        port = free_port()
-        options = {"upstream_model": SERVED_MODEL, "max_tokens_cap": MAX_OUTPUT_TOKENS, "answer_engine_failures": form.error_event,
-                   "stream_recovery": recovery}
-        command = mitmdump_command(["addons/strip_billing.py"], relay.url, port, options)
-        proxy = stack.enter_context(running(f"proxy-{agent_key}-{form.key}-{recovery}", command, port=port, log_dir=log_dir, env=UNBUFFERED))
-        talk = conversation(agent_key, binary, work / f"{agent_key}-{form.key}-{recovery}", proxy.url, SERVED_MODEL, MAX_OUTPUT_TOKENS)
-        turn = talk.turn(PROMPT)
-        requests = relay.api_requests()
-        found = outcome(relay, turn.returncode, turn.reply, RECOVERED_NOTE in proxy.log_text())
+    """One turn of the agent, its stream cut; again with the next prompt while the reply ends before the cut."""
+    for prompt in PROMPTS:
+        with contextlib.ExitStack() as stack:
+            relay = stack.enter_context(cut_relay(engine_url, Cut(form.after_content_events, min_request_bytes=TURN_REQUEST_BYTES)))
+            port = free_port()
+            options = {"upstream_model": SERVED_MODEL, "max_tokens_cap": MAX_OUTPUT_TOKENS, "answer_engine_failures": form.error_event,
+                       "stream_recovery": recovery}
+            command = mitmdump_command(["addons/strip_billing.py"], relay.url, port, options)
+            proxy = stack.enter_context(running(f"proxy-{agent_key}-{form.key}-{recovery}", command, port=port, log_dir=log_dir, env=UNBUFFERED))
+            talk = conversation(agent_key, binary, work / f"{agent_key}-{form.key}-{recovery}", proxy.url, SERVED_MODEL, MAX_OUTPUT_TOKENS)
+            turn = talk.turn(prompt)
+            found = outcome(relay, turn.returncode, turn.reply, RECOVERED_NOTE in proxy.log_text())
+        if found["outcome"] != "not cut":
+            break
     return {"agent": agent_key, "name": AGENTS[agent_key].name, "protocol": AGENTS[agent_key].protocol, "form": form.key, "recovery": recovery,
-            "returncode": turn.returncode, "reply_chars": len(turn.reply), "reply_tail": turn.reply[-160:], "stderr_tail": turn.stderr[-400:],
-            "requests": [asdict(request) for request in requests], **found}
+            "prompt": prompt, "returncode": turn.returncode, "reply_chars": len(turn.reply), "reply_tail": turn.reply[-160:],
+            "stderr_tail": turn.stderr[-400:], "requests": [asdict(request) for request in relay.api_requests()], **found}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -114,6 +124,8 @@ def markdown(result: dict[str, Any]) -> str:
                 row = next((r for r in result["runs"] if r["agent"] == agent and r["form"] == form.key and r["recovery"] == recovery), None)
                 cells.append("-" if row is None else f"**{row['outcome']}**: {row['detail']}; exit {row['returncode']}")
             lines.append(f"| {AGENTS[agent].name} | " + " | ".join(cells) + " |")
+        if recovery != "off":
+            lines.append("\n(The proxy completes chat completion streams only; Claude Code's and Codex's are as with `off`.)")
         lines.append("")
     return "\n".join(lines)
 
@@ -141,11 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         work, logs = Path(temporary) / "work", Path(temporary) / "logs"
         port = free_port()
         command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", str(args.model), "--host", "127.0.0.1",
-                   "--port", str(port), "--served-model-name", SERVED_MODEL, "--no-disk-cache"]
+                   "--port", str(port), "--served-model-name", SERVED_MODEL, "--no-disk-cache", "--default-temperature", "0"]
         with running("engine", command, port=port, log_dir=logs, env={**UNBUFFERED, "HOME": temporary},
                      ready=lambda: http_ok(f"http://127.0.0.1:{port}/v1/models")) as engine:
             for recovery in recoveries:
-                for agent in agents:
+                # The proxy completes chat completion streams only: for the other agents every value runs as `off`.
+                for agent in [key for key in agents if recovery == "off" or AGENTS[key].protocol == "openai"]:
                     for form in forms:
                         row = run_one(agent, binaries[agent], form, recovery, engine.url, work, logs)
                         print(f"{row['name']:<22} {form.key:<28} recovery={recovery:<8} {row['outcome']}: {row['detail']} (exit {row['returncode']})", flush=True)

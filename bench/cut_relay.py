@@ -54,12 +54,15 @@ class RelayedRequest:
     stream: bool
     sampling: dict  # temperature, top_p, top_k, seed as the request asked (absent: not sent)
     conversation: str | None  # a digest of its messages (Responses: input): a resend repeats it
+    head: str | None  # a digest of its first two messages (system and first prompt): a resend or a resumption keeps it
+    messages: int  # how many messages (items): a resumption adds the partial answer and a request to go on
     last_role: str | None  # the role of its last message (a continuation ends with the assistant's)
     body_bytes: int
     started: float
     status: int | None = None
     cut: bool = False
     content_events: int = 0  # events carrying output that reached the client
+    to_cut: bool = False  # chosen to be cut (it is not if its answer ends first)
     client_left: bool = False  # the client hung up before the answer's end
     ended: float | None = None
 
@@ -82,18 +85,21 @@ class CutRelay:
     def claim_cut(self, request: RelayedRequest) -> bool:
         """Whether this streamed answer is one of those to cut (the first `cut.streams` large enough)."""
         with self.lock:
-            cut_so_far = sum(1 for other in self.requests if other.cut)
-            if self.cut is None or not request.stream or cut_so_far >= self.cut.streams or request.body_bytes < self.cut.min_request_bytes:
+            # Chosen so far, less those whose answer ended before the cut point (the next one is cut instead).
+            chosen = sum(1 for other in self.requests if other.cut or (other.to_cut and other.ended is None))
+            if self.cut is None or not request.stream or chosen >= self.cut.streams or request.body_bytes < self.cut.min_request_bytes:
                 return False
-            request.cut = True
+            request.to_cut = True
             return True
 
 
-def conversation_digest(body: object) -> str | None:
-    if not isinstance(body, dict):
-        return None
-    turns = body.get("messages", body.get("input"))
-    return None if turns is None else hashlib.sha256(json.dumps(turns, sort_keys=True).encode()).hexdigest()[:16]
+def turns_of(body: object) -> list | None:
+    turns = body.get("messages", body.get("input")) if isinstance(body, dict) else None
+    return turns if isinstance(turns, list) else None
+
+
+def digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def last_role(body: object) -> str | None:
@@ -127,8 +133,10 @@ def _handler(relay: CutRelay) -> type[BaseHTTPRequestHandler]:
                 parsed = json.loads(body) if body else None
             except ValueError:
                 parsed = None
+            turns = turns_of(parsed)
             record = RelayedRequest(self.path, isinstance(parsed, dict) and parsed.get("stream") is True, sampling_of(parsed),
-                                    conversation_digest(parsed), last_role(parsed), len(body), time.time())
+                                    None if turns is None else digest(turns), None if turns is None else digest(turns[:2]),
+                                    len(turns or []), last_role(parsed), len(body), time.time())
             with relay.lock:
                 relay.requests.append(record)
             headers = {name: value for name, value in self.headers.items() if name.lower() not in HOP_HEADERS}
@@ -164,6 +172,7 @@ def _handler(relay: CutRelay) -> type[BaseHTTPRequestHandler]:
                 for event in parser.feed(data):
                     output = carries_output(event.json())
                     if cut and output and record.content_events >= relay.cut.after_content_events:
+                        record.cut = True
                         self.break_off()
                         return
                     record.content_events += output

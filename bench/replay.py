@@ -58,7 +58,7 @@ from urllib.parse import urlsplit
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
 from stable_prefix.addons.sse_events import EventStream, final_response, merge_usage
-from stable_prefix.bench.agent_clients import SILENT_CUT, AgentClient, loss_kind, resend_as
+from stable_prefix.bench.agent_clients import NOT_STREAMED, SILENT_CUT, AgentClient, loss_kind, resend_as
 from stable_prefix.bench.openai_form import openai_body
 from stable_prefix.bench.responses_form import responses_body
 from stable_prefix.bench.session import Request
@@ -491,7 +491,7 @@ class _Sender:
         reply = post_streamed(self.base_url, self.path, body, headers=request.headers, on_sent=on_sent)
         resend = resend_as(self.client, reply) if self.client else None
         if resend is not None:
-            reply = self._sent_again(request, body, reply, streamed=resend == "streamed")
+            reply = self._sent_again(request, body, reply, streamed=resend != NOT_STREAMED)
         if self.on_answered:
             self.on_answered(request)
         return started_s, reply
