@@ -54,6 +54,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import ssl
 import time
 import weakref
@@ -357,8 +358,7 @@ class Recovery:
         kinds = " then ".join(attempt.kind for attempt in self.attempts) or "nothing sent"
         delivered = self.followed.delivered
         return (f"{len(self.attempts)} request(s) to {self.followed.request.scheme}://{self.followed.request.host}:{self.followed.request.port} "
-                f"({kinds}); the client had {self.delivered_at_cut} output events at the cut and has {delivered.output_events} now; "
-                f"{time.monotonic() - self.started:.2f} s")
+                f"({kinds}); the client had {self.delivered_at_cut} output events at the cut and has {delivered.output_events} now")
 
 
 # --- the seam in mitmproxy -------------------------------------------------------------------------------
@@ -422,7 +422,7 @@ def _recover(server: Http1Server, event: ResponseProtocolError, followed: Follow
         if not _client_is_reading(server):
             recovery.close()
             _count(COUNTS.not_completed, "the client left")
-            logger.info(f"{where}: {OPTION}: the client left during the recovery; {recovery.summary()}")
+            logger.info(f"{where}: {OPTION}: the client left during the recovery; {recovery.summary()}, {time.monotonic() - recovery.started:.2f} s")
             return
         for data in outcome.events:
             for chunk in followed.to_client(data):
@@ -434,19 +434,32 @@ def _recover(server: Http1Server, event: ResponseProtocolError, followed: Follow
             how = " then ".join(attempt.kind for attempt in recovery.attempts) or "its end"
             _count(COUNTS.completed, how)
             COUNTS.seconds.append(time.monotonic() - recovery.started)
-            # The answer's id names it in the log, as the client reads it (the team bench counts recoveries by it).
-            note = f"{OPTION}: {RECOVERED_NOTE} ({how}) [{followed.delivered.envelope.get('id')}]: {recovery.summary()}"
+            note = recovered_line(how, followed.delivered.envelope.get("id"), recovery.summary(), time.monotonic() - recovery.started)
             logger.warning(f"{where}: {note} ({sum(COUNTS.completed.values())} completed since the proxy started)")
             _comment(followed, note)
             return
         if outcome.failed:
             recovery.close()
             _count(COUNTS.not_completed, outcome.failed.split(" (")[0][:80])
-            note = f"{OPTION}: could not complete the stream ({outcome.failed}); {recovery.summary()}; it ends with the error event"
+            note = f"{OPTION}: could not complete the stream ({outcome.failed}); {recovery.summary()}, {time.monotonic() - recovery.started:.2f} s; it ends with the error event"
             logger.warning(f"{where}: {note}")
             _comment(followed, note)
             yield from send(server, event)
             return
+
+
+def recovered_line(how: str, answer_id: str | None, summary: str, seconds: float) -> str:
+    """The log line of a completed stream: the answer's id as the client reads it, and the seconds from the
+    cut to the whole answer (`recovered_in_log` reads them back: the team bench counts recoveries by them)."""
+    return f"{OPTION}: {RECOVERED_NOTE} ({how}) [{answer_id}]: {summary}; whole after {seconds:.2f} s"
+
+
+_RECOVERED_LINE = re.compile(re.escape(RECOVERED_NOTE) + r" \([^)]*\) \[([^\]]*)\]: .*?; whole after ([0-9.]+) s")
+
+
+def recovered_in_log(log: str) -> dict[str, float]:
+    """{answer id: seconds from the cut to the whole answer} of every stream a proxy's log says it completed."""
+    return {match.group(1): float(match.group(2)) for match in _RECOVERED_LINE.finditer(log)}
 
 
 def _comment(followed: FollowedStream, line: str) -> None:

@@ -37,6 +37,7 @@ import os
 import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
-from stable_prefix.addons.stream_recovery import RECOVERED_NOTE
+from stable_prefix.addons.stream_recovery import recovered_in_log
 from stable_prefix.bench.agent_clients import CLIENTS, AgentClient, loss_kind
 from stable_prefix.bench.metrics import Row, mark_cold_and_warm, paired_ratio, summarize
 from stable_prefix.bench.replay import Measured, Replayer, steps, warm_up
@@ -98,8 +99,6 @@ KILL_WAIT_S, KILL_AFTER_DECODED_TOKENS = 30.0, 2
 BOUNDED_LOAD_FACTOR = 150
 BALANCE_LIMIT, ALONE_LIMIT, ROUND_ROBIN_LIMIT, MOVED_REUSE_TARGET = 1.5, 1.05, 0.5, 0.90
 _PLANNED = re.compile(r"prefix cache (?:HIT|MISS): (\d+) prompt tokens, (\d+) reused")
-# The proxy's line for a stream it completed: the answer's id, and the recovery's seconds at the line's end.
-_COMPLETED = re.compile(re.escape(RECOVERED_NOTE) + r" \([^)]*\) \[([^\]]+)\]: .*?; ([0-9.]+) s$", re.MULTILINE)
 _DISK_LOAD = re.compile(r"disk cache: loaded (\d+) tokens")
 
 
@@ -372,7 +371,7 @@ def rows_of(user: str, measured: list[Measured], round_number: int) -> list[Row]
 def mark_completed_by_proxy(rows: list[Row], proxy_logs: dict[str, str]) -> None:
     """Each user's proxy logs every stream it completed (`addons/stream_recovery.py`) with the answer's id
     and the seconds from the cut to the end: those requests were cut and recovered by the proxy."""
-    completed = {(user, match.group(1)): float(match.group(2)) for user, log in proxy_logs.items() for match in _COMPLETED.finditer(log)}
+    completed = {(user, answer): seconds for user, log in proxy_logs.items() for answer, seconds in recovered_in_log(log).items()}
     for row in rows:
         seconds = completed.get((row["user"], row["response_id"]))
         if seconds is not None:
@@ -390,7 +389,7 @@ def recovery_figures(rows: list[Row]) -> dict[str, Any]:
         "recovered_by_proxy": sum(1 for row in cut if row["recovered_by"] == "proxy" and not row["lost"]),
         "lost": sum(1 for row in cut if row["lost"]),
         "cut_forms": dict(Counter(row["cut"] or row["loss"] for row in cut)),
-        "recovery_s_median": seconds[len(seconds) // 2] if seconds else None,
+        "recovery_s_median": statistics.median(seconds) if seconds else None,
         "recovery_s_max": seconds[-1] if seconds else None,
     }
 
