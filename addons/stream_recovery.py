@@ -25,13 +25,15 @@ or missing, tool calls whole, usage of the whole answer. How (`stream_recovery`)
 - `off`: the stream ends with the protocol's error event (`engine_errors.py`).
 
 Each recovery is one line in the log, on the flow's comment, and counted
-(`done` prints the totals). What cannot be completed gets the error event
-`engine_errors.py` writes, as before: a recovery the upstream refuses
-(no replica left), a replay that differs where a continuation cannot carry
-what the client has (reasoning or a tool call), `MAX_ATTEMPTS` cuts in a row, a
-stream with more than one choice or an error in it. Anthropic and Responses
-streams are not completed here: Claude Code, opencode and Codex send the
-request again themselves.
+(`done` prints the totals). What cannot be completed (a recovery the upstream
+refuses: no replica left; a replay that differs where a continuation cannot
+carry what the client has: reasoning or a tool call; `MAX_ATTEMPTS` cuts in a
+row) ends as its agent sends it again after (`lanes.Agent.resends_after_error_event`):
+the error event `engine_errors.py` writes, or, for Qwen Code and Pi, which lose
+the turn to that event and send the request again only after a silent cut, a
+silent cut. A stream with more than one choice or an error in it is not
+followed. Anthropic and Responses streams are not completed here: Claude Code
+and Codex send the request again themselves.
 
 The seam: mitmproxy has no hook for a broken-off stream, only the `error`
 hook after the fact, and the client's side is written by its HTTP/1 server
@@ -69,6 +71,7 @@ from mitmproxy.proxy.layers.http import ErrorCode, ResponseData, ResponseEndOfMe
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
 from stable_prefix.addons.chat_splice import Delivered, Diverged, Splice, continuation_request
+from stable_prefix.addons.lanes import agent_of
 from stable_prefix.addons.request_body import LeftAlone, read_json_body
 from stable_prefix.addons.sse_events import SSEParser
 
@@ -441,10 +444,15 @@ def _recover(server: Http1Server, event: ResponseProtocolError, followed: Follow
         if outcome.failed:
             recovery.close()
             _count(COUNTS.not_completed, outcome.failed.split(" (")[0][:80])
-            note = f"{OPTION}: could not complete the stream ({outcome.failed}); {recovery.summary()}, {time.monotonic() - recovery.started:.2f} s; it ends with the error event"
+            agent = agent_of(followed.request.headers)
+            ending = "the error event" if agent.resends_after_error_event else f"a silent cut, after which {agent.name} sends it again"
+            note = f"{OPTION}: could not complete the stream ({outcome.failed}); {recovery.summary()}, {time.monotonic() - recovery.started:.2f} s; it ends with {ending}"
             logger.warning(f"{where}: {note}")
             _comment(followed, note)
-            yield from send(server, event)
+            if agent.resends_after_error_event:
+                yield from send(server, event)
+            else:
+                yield commands.CloseConnection(server.conn)
             return
 
 

@@ -9,6 +9,8 @@ Greedy answers: the spliced answer must be the engine's uncut answer, text for t
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 
 import openai
 import pytest
@@ -98,6 +100,21 @@ def test_a_stream_that_cannot_be_completed_ends_with_the_error_event(replica, tm
     assert len(relay.api_requests()) == MAX_ATTEMPTS + 1
     assert answer.events[-1]["error"]["code"] == "engine_unavailable" and "broke off its answer" in answer.events[-1]["error"]["message"]
     assert "could not complete the stream" in log
+
+
+def test_a_stream_that_cannot_be_completed_ends_silently_for_qwen_code_which_sends_again_only_then(replica, tmp_path):
+    """Qwen Code (and Pi) lose the turn to the error event, and send the request again after a silent cut (bench/agent_cuts.py)."""
+    with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY, streams=MAX_ATTEMPTS + 1)) as (proxy, _):
+        connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=120)
+        connection.request("POST", CHAT, body=json.dumps(body("Explain the proxy.")),
+                           headers={"content-type": "application/json", "user-agent": "QwenCode/0.24.4 (linux; x64)"})
+        response, received = connection.getresponse(), b""
+        with pytest.raises(http.client.IncompleteRead):
+            while chunk := response.read1(65536):
+                received += chunk
+        log = proxy.log_text()
+    assert b'"error"' not in received and b"[DONE]" not in received
+    assert "it ends with a silent cut, after which Qwen Code sends it again" in log
 
 
 def test_continue_mode_has_the_engine_continue_the_delivered_text(replica, tmp_path):
