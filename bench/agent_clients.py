@@ -14,8 +14,9 @@ from typing import Protocol
 
 MEASURED_IN = "bench/results/agent-cuts/latest.json"
 STREAMED, NOT_STREAMED = "streamed", "not streamed"
-# It sends the partial answer back with a request to go on (Qwen Code after a silent cut): the bench's client
-# sends the request again, streamed, in its place (what the turn costs is alike: one more request, warm).
+# It sends the partial answer back with a request to go on (Qwen Code after a silent cut mid-reply; before any
+# output it sends the request again): a bench client sends the request again, streamed, in its place (what the
+# turn costs is alike: one more streamed request, warm).
 RESUMED = "resumed"
 # How a client's reply says its connection ended mid-stream with no error event (`bench.replay.post_streamed`).
 SILENT_CUT = "stream cut: "
@@ -26,15 +27,15 @@ class AgentClient:
     key: str  # as bench/cli_agents.py names the CLI
     name: str
     protocol: str  # anthropic, openai (chat completions), responses
-    after_error_event: str | None  # how it sends the request again: STREAMED, NOT_STREAMED, RESUMED, or None (it does not)
+    after_error_event: str | None  # how it sends the request again: STREAMED (RESUMED counts as it), NOT_STREAMED, or None (it does not)
     after_silent_cut: str | None
 
 
 CLIENTS = {client.key: client for client in (
     AgentClient("claude", "Claude Code", "anthropic", after_error_event=NOT_STREAMED, after_silent_cut=STREAMED),
-    AgentClient("opencode", "opencode", "openai", after_error_event=None, after_silent_cut=None),
-    AgentClient("qwen", "Qwen Code", "openai", after_error_event=None, after_silent_cut=None),
-    AgentClient("pi", "Pi", "openai", after_error_event=None, after_silent_cut=None),
+    AgentClient("opencode", "opencode", "openai", after_error_event=STREAMED, after_silent_cut=STREAMED),
+    AgentClient("qwen", "Qwen Code", "openai", after_error_event=None, after_silent_cut=STREAMED),
+    AgentClient("pi", "Pi", "openai", after_error_event=None, after_silent_cut=STREAMED),
     AgentClient("codex", "Codex CLI", "responses", after_error_event=STREAMED, after_silent_cut=STREAMED),
 )}
 
@@ -57,7 +58,7 @@ def loss_kind(reply: Answered) -> str | None:
 
 
 def resend_as(client: AgentClient, reply: Answered) -> str | None:
-    """How `client` sends the request of this reply again (STREAMED, NOT_STREAMED, RESUMED), or None: it does not."""
+    """How `client` sends the request of this reply again (STREAMED, NOT_STREAMED), or None: it does not."""
     kind = loss_kind(reply)
     if kind == "error event":
         return client.after_error_event

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -28,7 +29,7 @@ from typing import Any
 
 from stable_prefix.addons.stream_recovery import RECOVERED_NOTE
 from stable_prefix.bench.agent_clients import NOT_STREAMED, RESUMED, STREAMED
-from stable_prefix.bench.cli_agents import AGENTS, conversation
+from stable_prefix.bench.cli_agents import AGENTS, TurnResult, conversation
 from stable_prefix.bench.cut_relay import Cut, CutRelay, cut_relay
 from stable_prefix.bench.stack import UNBUFFERED, cpu_description, stop_servers_on_sigterm
 from stable_prefix.tools.servers import REPO_ROOT, VENV_BIN, free_port, http_ok, mitmdump_command, running
@@ -36,9 +37,9 @@ from stable_prefix.tools.servers import REPO_ROOT, VENV_BIN, free_port, http_ok,
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model-failover"
 DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "agent-cuts"
 SERVED_MODEL = "tiny-failover"
-# The agents' output cap: long enough for the model's ~400-token replies (an answer cut at the cap is asked
-# again by Qwen Code with a larger one, which would read as a resend).
-MAX_OUTPUT_TOKENS = 2048
+# The agents' output cap: about the model's ~400-token replies, and a bound on a turn's time on a loaded CPU.
+MAX_OUTPUT_TOKENS = 512
+TURN_TIMEOUT_S = 900.0
 MID_REPLY_EVENTS = 20
 # Asked in turn until a reply is long enough to be cut (greedy replies of the tiny model end where they end).
 PROMPTS = ("Explain what this project does, in detail.", "Describe how this project is built, step by step.",
@@ -100,8 +101,12 @@ def run_one(agent_key: str, binary: Path, form: CutForm, recovery: str, engine_u
                        "stream_recovery": recovery}
             command = mitmdump_command(["addons/strip_billing.py"], relay.url, port, options)
             proxy = stack.enter_context(running(f"proxy-{agent_key}-{form.key}-{recovery}", command, port=port, log_dir=log_dir, env=UNBUFFERED))
-            talk = conversation(agent_key, binary, work / f"{agent_key}-{form.key}-{recovery}", proxy.url, SERVED_MODEL, MAX_OUTPUT_TOKENS)
-            turn = talk.turn(prompt)
+            talk = conversation(agent_key, binary, work / f"{agent_key}-{form.key}-{recovery}", proxy.url, SERVED_MODEL, MAX_OUTPUT_TOKENS,
+                                timeout=TURN_TIMEOUT_S)
+            try:
+                turn = talk.turn(prompt)
+            except subprocess.TimeoutExpired as error:
+                turn = TurnResult(-1, "", str(error.stdout or "")[-2000:], f"no answer within {TURN_TIMEOUT_S:.0f} s")
             found = outcome(relay, turn.returncode, turn.reply, RECOVERED_NOTE in proxy.log_text())
         if found["outcome"] != "not cut":
             break

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from stable_prefix.bench.agent_clients import CLIENTS, MEASURED_IN, STREAMED, loss_kind, resend_as
+from stable_prefix.bench.agent_clients import CLIENTS, MEASURED_IN, RESUMED, STREAMED, loss_kind, resend_as
 from stable_prefix.bench.agent_cuts import FORMS
 from stable_prefix.bench.replay import Reply
 from tests.support.processes import REPO_ROOT
@@ -13,8 +13,9 @@ MEASURED = json.loads((REPO_ROOT / MEASURED_IN).read_text())
 
 
 def measured(agent: str, error_event: bool) -> set[str | None]:
-    """How the agent sent the cut request again in each measured form of this kind (the proxy's recovery off)."""
-    return {run["resent_as"] for run in MEASURED["runs"]
+    """How the agent sent the cut request again in each measured form of this kind (the proxy's recovery off);
+    a resumption (the partial answer sent back) is a streamed request as a bench client sends it."""
+    return {STREAMED if run["resent_as"] == RESUMED else run["resent_as"] for run in MEASURED["runs"]
             if run["agent"] == agent and run["recovery"] == "off" and FORMS[run["form"]].error_event == error_event}
 
 
