@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -147,6 +148,13 @@ def configuration(key: str) -> TeamConfiguration:
         if candidate.key == key:
             return candidate
     raise ValueError(f"team configuration {key!r}: unknown; choose from {', '.join(c.key for c in CONFIGURATIONS)}")
+
+
+def with_balance_factor(config: TeamConfiguration, factor: int) -> TeamConfiguration:
+    """A bounded-load configuration with another factor than BOUNDED_LOAD_FACTOR (the others as they are)."""
+    if config.balance_factor is None or factor == config.balance_factor:
+        return config
+    return dataclasses.replace(config, balance_factor=factor, title=config.title.replace(str(config.balance_factor), str(factor)))
 
 
 def team_sessions(users: int, limit: int | None, scale: float = SCALE) -> dict[str, list[Request]]:
@@ -606,10 +614,10 @@ def commit() -> str | None:
 
 
 def run(config_keys: list[str], users: int, limit: int | None, model_dir: Path, log_dir: Path, rounds: int = 1, max_tokens: int | str = MAX_TOKENS,
-        on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        on_result: Callable[[dict[str, Any]], None] | None = None, balance_factor: int = BOUNDED_LOAD_FACTOR) -> dict[str, Any]:
     """Every configuration of `config_keys` on fresh stacks, in that order, then (rounds=2) in the reverse order;
-    `on_result` gets the result so far after each configuration."""
-    configs = [configuration(key) for key in config_keys]
+    `on_result` gets the result so far after each configuration; `balance_factor`: the bounded-load configuration's."""
+    configs = [with_balance_factor(configuration(key), balance_factor) for key in config_keys]
     sessions = team_sessions(users, limit)
     began = datetime.datetime.now(datetime.UTC)
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -661,6 +669,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--users", type=int, default=DEFAULT_USERS, help="K, the users replayed at once (default %(default)s)")
     parser.add_argument("--limit", type=int, help=f"requests per user (default all {len(SESSION_REQUESTS)}; --quick {QUICK_LIMIT})")
     parser.add_argument("--rounds", type=int, default=1, help="1: each configuration once; 2: the order, then reversed (default %(default)s)")
+    parser.add_argument("--balance-factor", type=int, default=BOUNDED_LOAD_FACTOR,
+                        help="HAProxy's hash-balance-factor in key-haproxy-bounded, percent of the average load (default %(default)s)")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--out", type=Path, help=f"results folder (default {DEFAULT_OUT}; --quick {QUICK_OUT})")
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="the servers' logs (default %(default)s)")
@@ -681,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     limit = args.limit or (QUICK_LIMIT if args.quick else None)
     with stop_servers_on_sigterm():
         # The report so far is written after each configuration: a run stopped early keeps what it measured.
-        result = run(keys, args.users, limit, args.model, args.logs, rounds=args.rounds, on_result=lambda partial: team_report.write(partial, out))
+        result = run(keys, args.users, limit, args.model, args.logs, rounds=args.rounds, on_result=lambda partial: team_report.write(partial, out),
+                     balance_factor=args.balance_factor)
     for path in team_report.write(result, out):
         print(f"wrote {path}")
     print(team_report.markdown(result))
