@@ -105,10 +105,13 @@ def run_one(agent_key: str, binary: Path, form: CutForm, recovery: str, engine_u
                                 timeout=TURN_TIMEOUT_S)
             try:
                 turn = talk.turn(prompt)
+                timed_out = False
             except subprocess.TimeoutExpired as error:
-                turn = TurnResult(-1, "", str(error.stdout or "")[-2000:], f"no answer within {TURN_TIMEOUT_S:.0f} s")
+                turn, timed_out = TurnResult(-1, "", str(error.stdout or "")[-2000:], f"no answer within {TURN_TIMEOUT_S:.0f} s"), True
             found = outcome(relay, turn.returncode, turn.reply, RECOVERED_NOTE in proxy.log_text())
-        if found["outcome"] != "not cut":
+        # A reply the cut missed, or a turn past the time limit (Codex asks again for an answer that hit the output
+        # cap: greedy replies of the tiny model can run to it), says nothing of the cut: the next prompt is asked.
+        if found["outcome"] != "not cut" and not timed_out:
             break
     return {"agent": agent_key, "name": AGENTS[agent_key].name, "protocol": AGENTS[agent_key].protocol, "form": form.key, "recovery": recovery,
             "prompt": prompt, "returncode": turn.returncode, "reply_chars": len(turn.reply), "reply_tail": turn.reply[-160:],
@@ -148,12 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovery", default="off", help=f"the proxy's stream_recovery values to run, comma-separated ({', '.join(RECOVERY_VALUES)})")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--merge", action="store_true", help="keep the runs already in OUT/latest.json; those run again replace theirs")
     args = parser.parse_args(argv)
     agents, forms, recoveries = args.agents.split(","), [FORMS[key] for key in args.forms.split(",")], args.recovery.split(",")
     binaries = {key: AGENTS[key].install() for key in agents}
     result: dict[str, Any] = {"generated_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(),
                               "machine": cpu_description(), "model": str(args.model.relative_to(REPO_ROOT) if args.model.is_relative_to(REPO_ROOT) else args.model),
                               "agents": agents, "recovery": recoveries, "runs": []}
+    if args.merge and (args.out / "latest.json").exists():
+        earlier = json.loads((args.out / "latest.json").read_text())
+        rerun = {(agent, form.key, recovery) for agent in agents for form in forms for recovery in recoveries}
+        result.update(agents=earlier["agents"], recovery=earlier["recovery"], generated_at=f"{earlier['generated_at']} ({result['generated_at']}: "
+                      f"{', '.join(f'{a} {f} {r}' for a, f, r in sorted(rerun))} run again)",
+                      runs=[run for run in earlier["runs"] if (run["agent"], run["form"], run["recovery"]) not in rerun])
     with stop_servers_on_sigterm(), tempfile.TemporaryDirectory(prefix="stable-prefix-agent-cuts-") as temporary:
         work, logs = Path(temporary) / "work", Path(temporary) / "logs"
         port = free_port()
