@@ -1,7 +1,7 @@
 """A chat completion stream the engine broke off (its replica died mid-reply) is completed by the proxy.
 
 Qwen Code and Pi do not send a request again when its stream is cut: the turn
-is lost (`bench/agent_cuts.py` measures every agent). So when an OpenAI chat
+is lost (`bench/probes/agent_cuts.py` measures every agent). So when an OpenAI chat
 completion stream (`POST /v1/chat/completions`, `stream: true`) is broken off
 after its response began, the proxy asks the upstream (a router, which has
 moved the request's key to a survivor, or the engine come back) for the

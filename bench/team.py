@@ -4,12 +4,12 @@
     python -m stable_prefix.bench.team --quick        # fewer requests per user -> build/bench-team-quick/
     python -m stable_prefix.bench.team --configs key-haproxy,alone --users 3 --limit 8 --out /tmp/t
 
-Each user replays a Claude Code-shaped session of their own (`bench.session`, one seed per user:
+Each user replays a Claude Code-shaped session of their own (`bench.workload.session`, one seed per user:
 their own project, tools text and git status, so their heads differ) with its fan-out of three
 concurrent Explore instances, titles and a `/clear` into a new conversation. All users run at
 once, each through their own real `mitmdump` with our addons (the key on every request under
 `KEY_HEADER`), into two patched engines (the product's default engine mode) that share one
-`--prefix-cache-dir`, behind a real router (`tools/routers.py`):
+`--prefix-cache-dir`, behind a real router (`stable_prefix/routers.py`):
 
 - consistent hashing on our key (smg, HAProxy), with the head key (one key per lane head: a
   user's fan-out instances and new conversations stay where their head is) and with a per-lane
@@ -53,12 +53,9 @@ from typing import Any
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
 from stable_prefix.addons.stream_recovery import recovered_in_log
-from stable_prefix.bench.agent_clients import CLIENTS, AgentClient, loss_kind
-from stable_prefix.bench.metrics import Row, mark_cold_and_warm, paired_ratio, summarize
-from stable_prefix.bench.replay import Measured, Replayer, steps, warm_up
-from stable_prefix.bench.run import model_description
-from stable_prefix.bench.session import Request, generate_session
-from stable_prefix.bench.stack import (
+from stable_prefix.bench.clients.agent_clients import CLIENTS, AgentClient, loss_kind
+from stable_prefix.bench.clients.replay import Measured, Replayer, steps, warm_up
+from stable_prefix.bench.clients.stack import (
     ADDON_SCRIPTS,
     PRODUCT,
     QUEUE_CONCURRENT_REQUESTS,
@@ -70,7 +67,10 @@ from stable_prefix.bench.stack import (
     proxy_options,
     stop_servers_on_sigterm,
 )
-from stable_prefix.tools.servers import REPO_ROOT, Server, free_port, http_ok, mitmdump_command, running
+from stable_prefix.bench.measure.metrics import Row, mark_cold_and_warm, paired_ratio, summarize
+from stable_prefix.bench.run import model_description
+from stable_prefix.bench.workload.session import Request, generate_session
+from stable_prefix.servers import REPO_ROOT, Server, free_port, http_ok, mitmdump_command, running
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model-bench"
 DEFAULT_OUT, QUICK_OUT = REPO_ROOT / "bench" / "results" / "team", REPO_ROOT / "build" / "bench-team-quick"
@@ -107,12 +107,12 @@ _DISK_LOAD = re.compile(r"disk cache: loaded (\d+) tokens")
 class TeamConfiguration:
     key: str
     title: str
-    router: str | None  # a kind of tools/routers.py; None: the users' proxies go to one replica directly
+    router: str | None  # a kind of stable_prefix/routers.py; None: the users' proxies go to one replica directly
     policy: str = "key"  # key (consistent hashing on our key), round_robin, prefix (the router's prefix-text policy)
     key_scope: str = "head"  # head: one key per lane head; lane: one per lane (each subagent instance its own)
     failover: bool = False  # replica B is SIGKILLed mid-run and started again later
     shared_dir: bool = True  # the replicas share one --prefix-cache-dir (False: each its own)
-    client: str = "claude"  # every user's client behaves as this agent does (bench/agent_clients.py): its protocol, its resends
+    client: str = "claude"  # every user's client behaves as this agent does (bench/clients/agent_clients.py): its protocol, its resends
     balance_factor: int | None = None  # HAProxy's hash-balance-factor (bounded-load consistent hashing); None: unbounded
 
     @property
@@ -246,7 +246,7 @@ def team_stack(config: TeamConfiguration, users: list[str], model_dir: Path, log
         router = None
         upstream = replicas[0].url
         if config.router is not None:
-            from stable_prefix.tools.routers import running_router  # the routers' own harness (make routers)
+            from stable_prefix.routers import running_router  # the routers' own harness (make routers)
 
             router = stack.enter_context(
                 running_router(config.router, [replica.url for replica in replicas], policy=config.policy, key_header=KEY_HEADER,
@@ -681,7 +681,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from stable_prefix.bench import team_report
+    from stable_prefix.bench.measure import team_report
 
     args = parse_args(argv)
     out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)

@@ -15,10 +15,8 @@ import psutil
 
 from stable_prefix.engine_patch.disk.disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
 
-from .install import ENGINES
+from .install import DEFAULT_ENGINE, ENGINES
 
-# The engine mode `serve` runs unless told otherwise (see docs/engine.md for the measured choice).
-DEFAULT_ENGINE = "batched"
 # vllm-mlx's own flag for its batched engine; `--engine batched` passes it on.
 BATCHED_FLAG = "--continuous-batching"
 

@@ -1,7 +1,7 @@
 """`stable-prefix router smg|haproxy|vllm-router --replica URL ...`: a router before a team's engines.
 
 Starts the router the user picked (the pinned install, `make routers`) with our key header, the key
-policy and the retry settings (`tools/routers.py` owns them), and runs it until Ctrl-C; `--print` shows
+policy and the retry settings (`stable_prefix/routers.py` owns them), and runs it until Ctrl-C; `--print` shows
 its config file and command line instead, to run it elsewhere (a router on another machine, a service
 manager). Each developer's proxy (`stable-prefix up --upstream http://ROUTER:PORT`) sends the key.
 """
@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from stable_prefix.tools import routers
-from stable_prefix.tools.servers import LOOPBACK, exit_description
+from stable_prefix import routers
+from stable_prefix.servers import LOOPBACK, exit_description
 
 DEFAULT_PORT = 8090
 POLL_S = 0.5
