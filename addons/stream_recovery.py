@@ -152,13 +152,15 @@ def follow(flow: http.HTTPFlow, recovery_mode: str) -> FollowedStream | None:
     followed = FollowedStream(weakref.ref(flow), body, flow.request, response)
     previous = response.stream if callable(response.stream) else None
 
-    def ours_first(chunk: bytes):
+    def ours_first(chunk: bytes) -> list[bytes]:
+        # Never an empty chunk: mitmproxy writes it as one, and an empty chunk ends a chunked body.
         whole = followed.whole_events(chunk)
         if previous is None:
-            return whole
+            return _chunks(whole)
+        out = _chunks(previous(whole)) if whole else []
         if chunk == b"":  # the end: what we held, then the end for the next callable too
-            return [*_chunks(previous(whole) if whole else b""), *_chunks(previous(b""))]
-        return previous(whole) if whole else b""
+            out += _chunks(previous(b""))
+        return out
 
     response.stream = ours_first
     # A failed flow's entry is taken as soon as its error hook is done, when its cut is recovered; one still here
@@ -433,13 +435,14 @@ def _recover(server: Http1Server, event: ResponseProtocolError, followed: Follow
         if outcome.finished:
             for chunk in followed.to_client(b""):
                 yield from send(server, ResponseData(server.stream_id, chunk))
-            yield from send(server, ResponseEndOfMessage(server.stream_id))
             how = " then ".join(attempt.kind for attempt in recovery.attempts) or "its end"
             _count(COUNTS.completed, how)
             COUNTS.seconds.append(time.monotonic() - recovery.started)
             note = recovered_line(how, followed.delivered.envelope.get("id"), recovery.summary(), time.monotonic() - recovery.started)
+            # Said before the body's end goes out: whoever reads the whole answer finds the line written.
             logger.warning(f"{where}: {note} ({sum(COUNTS.completed.values())} completed since the proxy started)")
             _comment(followed, note)
+            yield from send(server, ResponseEndOfMessage(server.stream_id))
             return
         if outcome.failed:
             recovery.close()

@@ -14,15 +14,16 @@ import json
 
 import openai
 import pytest
+from mitmproxy.http import Headers
+from mitmproxy.test import tflow, tutils
 
-from stable_prefix.addons.stream_recovery import MAX_ATTEMPTS, RECOVERED_NOTE
+from stable_prefix.addons.sse_events import format_event
+from stable_prefix.addons.stream_recovery import MAX_ATTEMPTS, RECOVERED_NOTE, follow
 from stable_prefix.bench.clients.cut_relay import Cut, cut_relay
 from tests.support.engines import engine
 from tests.support.llm_client import send
 from tests.support.models import FAILOVER_MODEL
 from tests.support.processes import free_port, mitmdump_command, running
-
-pytestmark = pytest.mark.server
 
 CHAT = "/v1/chat/completions"
 MID_REPLY = 30
@@ -34,6 +35,20 @@ TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read 
 def body(prompt: str, **changes) -> dict:
     return {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}], "tools": TOOLS,
             "temperature": 0, "max_tokens": 120, "stream": True, "stream_options": {"include_usage": True}, **changes}
+
+
+def test_a_followed_stream_passes_whole_events_and_never_an_empty_chunk():
+    """mitmproxy writes an empty chunk as one, and an empty chunk ends a chunked body."""
+    request = tutils.treq(method=b"POST", path=b"/v1/chat/completions", headers=Headers(content_type="application/json"),
+                          content=json.dumps(body("Hi")).encode())
+    flow = tflow.tflow(req=request, resp=tutils.tresp(headers=Headers(content_type="text/event-stream")))
+    flow.response.stream = True
+    followed = follow(flow, "replay")
+    event = format_event({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": None}]})
+    assert flow.response.stream(event[:10]) == []
+    assert flow.response.stream(event[10:]) == [event]
+    assert flow.response.stream(b"") == []
+    assert followed.delivered.text() == "Hello"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +70,7 @@ def chunks_of(answer) -> list[dict]:
     return [event for event in answer.events if "choices" in event]
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("after", [MID_REPLY, 0], ids=["mid-reply", "before-the-first-output"])
 def test_a_greedy_answer_cut_by_the_engine_reaches_the_client_whole_and_equal_to_the_uncut_one(replica, tmp_path, after):
     request = body(f"Tell the story of parser number {after}.")
@@ -73,6 +89,7 @@ def test_a_greedy_answer_cut_by_the_engine_reaches_the_client_whole_and_equal_to
     assert RECOVERED_NOTE in log and "(replay)" in log and "Traceback" not in log
 
 
+@pytest.mark.server
 def test_the_openai_sdk_reads_the_completed_stream_as_one_completion(replica, tmp_path):
     request = body("Describe the tokenizer.")
     uncut = send(replica.url, CHAT, request)
@@ -84,6 +101,7 @@ def test_the_openai_sdk_reads_the_completed_stream_as_one_completion(replica, tm
     assert chunks[-1].usage.total_tokens == uncut.usage["total_tokens"]
 
 
+@pytest.mark.server
 def test_a_replay_cut_too_is_asked_again_from_what_the_client_has_by_then(replica, tmp_path):
     request = body("Explain the cache in detail.")
     uncut = send(replica.url, CHAT, request)
@@ -93,6 +111,7 @@ def test_a_replay_cut_too_is_asked_again_from_what_the_client_has_by_then(replic
     assert spliced.text == uncut.text
 
 
+@pytest.mark.server
 def test_a_stream_that_cannot_be_completed_ends_with_the_error_event(replica, tmp_path):
     with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY, streams=MAX_ATTEMPTS + 1)) as (proxy, relay):
         answer = send(proxy.url, CHAT, body("Explain the router."))
@@ -102,6 +121,7 @@ def test_a_stream_that_cannot_be_completed_ends_with_the_error_event(replica, tm
     assert "could not complete the stream" in log
 
 
+@pytest.mark.server
 def test_a_stream_that_cannot_be_completed_ends_silently_for_qwen_code_which_sends_again_only_then(replica, tmp_path):
     """Qwen Code (and Pi) lose the turn to the error event, and send the request again after a silent cut (bench/probes/agent_cuts.py)."""
     with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY, streams=MAX_ATTEMPTS + 1)) as (proxy, _):
@@ -117,6 +137,7 @@ def test_a_stream_that_cannot_be_completed_ends_silently_for_qwen_code_which_sen
     assert "it ends with a silent cut, after which Qwen Code sends it again" in log
 
 
+@pytest.mark.server
 def test_continue_mode_has_the_engine_continue_the_delivered_text(replica, tmp_path):
     with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY), stream_recovery="continue") as (proxy, relay):
         spliced = send(proxy.url, CHAT, body("Write about the disk tier."))
@@ -128,6 +149,7 @@ def test_continue_mode_has_the_engine_continue_the_delivered_text(replica, tmp_p
     assert len({chunk["id"] for chunk in chunks_of(spliced)}) == 1
 
 
+@pytest.mark.server
 def test_turned_off_the_cut_stream_ends_with_the_error_event_as_before(replica, tmp_path):
     with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY), stream_recovery="off") as (proxy, relay):
         answer = send(proxy.url, CHAT, body("Explain the lanes."))
