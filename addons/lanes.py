@@ -107,7 +107,7 @@ _NAME_WORD = re.compile(r"[A-Za-z0-9_.:-]{1,40}")
 
 @dataclass(frozen=True)
 class Agent:
-    """How one coding agent's requests name their conversation and subagents."""
+    """How one coding agent's requests name their conversation and subagents, and how it takes a cut stream."""
 
     name: str
     user_agent: str  # how its User-Agent header starts
@@ -118,6 +118,9 @@ class Agent:
     instance_by_first_prompt: bool = False  # no header does: its first prompt names the instance
     random_ids: bool = False  # its instance ids are random from the first character (else they are hashed for a name)
     identifying_header: str | None = None  # its User-Agent is shared with other clients: this header must be there too
+    # It sends a request again when its stream ends with the protocol's error event (measured with each CLI,
+    # bench/probes/agent_cuts.py); Qwen Code and Pi lose the turn to one, and send it again only after a silent cut.
+    resends_after_error_event: bool = True
 
     def sent(self, headers: Mapping[str, str] | None) -> bool:
         """Whether a request with these headers is this agent's."""
@@ -141,10 +144,10 @@ class Agent:
 CLAUDE_CODE = Agent("Claude Code", "claude-cli/", frozenset({"Task", "Agent"}), SESSION_ID_HEADER, AGENT_ID_HEADER, AGENT_ID_HEADER,
                     random_ids=True)
 OPENCODE = Agent("opencode", "opencode/", frozenset({"task"}), "x-session-id", "x-parent-session-id", "x-session-id")
-QWEN_CODE = Agent("Qwen Code", "QwenCode/", frozenset({"agent"}), instance_by_first_prompt=True)
+QWEN_CODE = Agent("Qwen Code", "QwenCode/", frozenset({"agent"}), instance_by_first_prompt=True, resends_after_error_event=False)
 # `codex_exec/0.171.0 (...)` from `codex exec`; the other front ends' originators start with `codex_` too.
 CODEX = Agent("Codex CLI", "codex_", frozenset(), "session-id")
-PI = Agent("Pi", "OpenAI/JS", frozenset(), "session_id", identifying_header="session_id")
+PI = Agent("Pi", "OpenAI/JS", frozenset(), "session_id", identifying_header="session_id", resends_after_error_event=False)
 AGENTS = (CLAUDE_CODE, OPENCODE, QWEN_CODE, CODEX, PI)
 AGENT_TOOLS = frozenset().union(*(agent.subagent_tools for agent in AGENTS))
 _SUBAGENT_FIELD = re.compile(r"\bcc_is_subagent=true\b")

@@ -16,7 +16,9 @@ prefilling by then. Anthropic's own hosts, other paths, and bodies it cannot rea
 through byte for byte; as a forward proxy with `anthropic_engine` set, Anthropic's
 hosts are answered by the engine instead (`forward_proxy.py`). Server-sent events are streamed, not buffered. When the
 engine cannot be reached or breaks off a stream, the client gets an error in
-its protocol's shape (`engine_errors.py`). For the Responses API it follows each
+its protocol's shape (`engine_errors.py`), unless the stream is a chat
+completion, which the proxy completes (`stream_recovery.py`, its own addon in
+this script). For the Responses API it follows each
 answer as it passes (its id and output items), so that a later request
 continuing it (`previous_response_id`) is diagnosed with the history the server
 puts in front of it (`response_chains.py`).
@@ -51,6 +53,7 @@ from stable_prefix.addons.lanes import ROUTING_KEY_SCOPES, routing_key
 from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadItems, client_headers, normalize_request
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream
+from stable_prefix.addons.stream_recovery import StreamRecovery
 
 logger = logging.getLogger(__name__)
 
@@ -227,4 +230,5 @@ class StripBilling:
             logger.info(line)
 
 
-addons = [StripBilling()]
+# StreamRecovery after StripBilling: it follows the streams StripBilling turned on, and wraps what engine_errors installs.
+addons = [StripBilling(), StreamRecovery()]

@@ -137,13 +137,16 @@ def check_replicas(replica_urls: Sequence[str]) -> list[tuple[str, int]]:
 
 
 def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: str = "key", key_header: str | None = None,
-                  health_interval_s: float = 1.0, host: str = LOOPBACK, metrics_port: int | None = None) -> RouterConfig:
+                  health_interval_s: float = 1.0, host: str = LOOPBACK, metrics_port: int | None = None,
+                  balance_factor: int | None = None) -> RouterConfig:
     """The command line (and config file) that runs `kind` on `host:port` before `replica_urls`.
 
     `key_header`: the header holding our key (default: the one the router reads unless told,
     `DEFAULT_KEY_HEADER`); a comma-separated list is the proxy's option form, and the router reads
     the first name. `metrics_port`: the Rust routers' Prometheus port (default theirs, 29000: a second
-    router on the machine needs another). Pure: nothing is checked on disk, nothing started."""
+    router on the machine needs another). `balance_factor`: HAProxy's bounded-load consistent hashing
+    (`hash-balance-factor`, percent of the average load a replica may take; None: unbounded). Pure:
+    nothing is checked on disk, nothing started."""
     check_kind(kind)
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: not one of {', '.join(POLICIES)}")
@@ -154,6 +157,10 @@ def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: 
                          "set the proxy's lane_routing_header to x-session-id")
     if kind == "haproxy" and policy == "prefix":
         raise ValueError("haproxy has no prompt-text policy: use policy key or round_robin, or smg / vllm-router for prefix")
+    if balance_factor is not None and (kind != "haproxy" or policy != "key"):
+        raise ValueError(f"a balance factor bounds HAProxy's consistent hashing (policy key) only, not {kind} with policy {policy}")
+    if balance_factor is not None and balance_factor <= 100:
+        raise ValueError(f"balance factor {balance_factor}: a percent of the average load above 100 (e.g. 150)")
     used_header = header if policy == "key" else None
     binary = str(expected_binary(kind))
     metrics = ["--prometheus-host", host, "--prometheus-port", str(metrics_port)] if metrics_port else []
@@ -163,7 +170,7 @@ def router_config(kind: str, replica_urls: Sequence[str], *, port: int, policy: 
     if kind == "vllm-router":
         argv = vllm_router_argv(binary, replica_urls, host, port, policy, health_interval_s)
         return RouterConfig(kind, (*argv, *metrics), port, used_header)
-    text = haproxy_config(places, host, port, policy, header, health_interval_s)
+    text = haproxy_config(places, host, port, policy, header, health_interval_s, balance_factor)
     return RouterConfig(kind, (binary, "-db", "-f", HAPROXY_CONFIG_NAME), port, used_header, text)
 
 
@@ -196,8 +203,13 @@ def vllm_router_argv(binary: str, replica_urls: Sequence[str], host: str, port: 
             "--retry-max-retries", str(RETRIES + 1)]
 
 
-def haproxy_config(places: Sequence[tuple[str, int]], host: str, port: int, policy: str, header: str, health_interval_s: float) -> str:
+def haproxy_config(places: Sequence[tuple[str, int]], host: str, port: int, policy: str, header: str, health_interval_s: float,
+                   balance_factor: int | None = None) -> str:
     balance = f"balance hdr({header})\n    hash-type consistent" if policy == "key" else "balance roundrobin"
+    if balance_factor is not None:
+        # Bounded-load consistent hashing: a key whose replica holds more than this percent of the average
+        # active requests goes to the next replica on the ring (that request only).
+        balance += f"\n    hash-balance-factor {balance_factor}"
     interval_ms = max(100, round(health_interval_s * 1000))
     servers = "\n".join(f"    server replica{index} {server_host}:{server_port} check"
                         for index, (server_host, server_port) in enumerate(places, start=1))
@@ -240,14 +252,15 @@ backend replicas
 @contextlib.contextmanager
 def running_router(kind: str, replica_urls: Sequence[str], *, policy: str = "key", key_header: str | None = None, log_dir: Path,
                    health_interval_s: float = 1.0, port: int | None = None, host: str = LOOPBACK,
-                   startup_timeout: float = STARTUP_TIMEOUT_S, metrics_port: int | None = None) -> Iterator[Server]:
+                   startup_timeout: float = STARTUP_TIMEOUT_S, metrics_port: int | None = None,
+                   balance_factor: int | None = None) -> Iterator[Server]:
     """`kind` on `host:port` (default: a free loopback port) before `replica_urls` for the duration of the
     block (stopped on exit, also on failure); ready when a `/health` through it is answered. Its metrics
     port: `metrics_port`, else a free one (two routers on one machine would both take 29000)."""
     binary = router_binary(kind)
     port = port or free_port()
     config = router_config(kind, replica_urls, port=port, policy=policy, key_header=key_header, health_interval_s=health_interval_s,
-                           host=host, metrics_port=metrics_port or (None if kind == "haproxy" else free_port()))
+                           host=host, metrics_port=metrics_port or (None if kind == "haproxy" else free_port()), balance_factor=balance_factor)
     command = [str(binary), *config.command(log_dir / f"{kind}-{port}")[1:]]
     url = f"http://{LOOPBACK if host in ('0.0.0.0', '::') else host}:{port}"
     with running(kind, command, port=port, log_dir=log_dir, ready=lambda: router_ready(kind, url, replica_urls),

@@ -57,13 +57,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
-from stable_prefix.addons.sse_events import EventStream
+from stable_prefix.addons.sse_events import EventStream, final_response, merge_usage
+from stable_prefix.bench.clients.agent_clients import NOT_STREAMED, SILENT_CUT, AgentClient, loss_kind, resend_as
 from stable_prefix.bench.workload.openai_form import openai_body
+from stable_prefix.bench.workload.responses_form import responses_body
 from stable_prefix.bench.workload.session import Request
 from stable_prefix.usage import prompt_tokens_in_usage, reuse_from_usage
 
 MESSAGES_PATH = "/v1/messages?beta=true"  # what Claude Code requests
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"  # the OpenAI path (mlx_lm.server)
+RESPONSES_PATH = "/v1/responses"  # the Responses API (Codex CLI)
+PATHS = {"anthropic": MESSAGES_PATH, "openai": CHAT_COMPLETIONS_PATH, "responses": RESPONSES_PATH}
 CLIENT_HEADERS = {
     "content-type": "application/json",
     "anthropic-version": "2023-06-01",
@@ -96,6 +100,11 @@ class Reply:
     # upper bound, and says so here.
     ttft_is_total: bool = False
     stop_reason: str | None = None  # Anthropic's stop_reason or OpenAI's finish_reason ("end_turn"/"stop", "max_tokens"/"length", ...)
+    response_id: str | None = None  # the answer's id as the client read it
+    # When the first answer was cut and the client sent the request again (`agent_clients`): how the cut
+    # looked (`agent_clients.loss_kind`), and the seconds from the cut to the end of the answer sent again.
+    cut: str | None = None
+    recovery_s: float | None = None
 
     @property
     def output_tokens(self) -> int | None:
@@ -160,26 +169,68 @@ def post_streamed(
             detail = response.read().decode(errors="replace")[:500]
             return Reply(response.status, None, time.perf_counter() - started, error=f"HTTP {response.status}: {detail}")
         events = EventStream(clock=time.perf_counter)
-        stop_reason = None
+        stop_reason = answer_id = None
         while chunk := response.read1(65536):
             for event in events.feed(chunk):
                 stop_reason = _stop_reason(event.json()) or stop_reason
+                answer_id = answer_id or response_id_of(event.json())
         total = time.perf_counter() - started
         ttft = None if events.first_output_at is None else events.first_output_at - started
         error = None if events.error is None else json.dumps(events.error)[:500]
-        return Reply(200, ttft if ttft is not None else total, total, events.usage, error, ttft_is_total=ttft is None, stop_reason=stop_reason)
+        return Reply(200, ttft if ttft is not None else total, total, events.usage, error, ttft_is_total=ttft is None, stop_reason=stop_reason,
+                     response_id=answer_id)
     except (OSError, http.client.HTTPException) as error:
-        return Reply(200, None, time.perf_counter() - started, error=f"stream cut: {error!r}")
+        return Reply(200, None, time.perf_counter() - started, error=f"{SILENT_CUT}{error!r}")
     finally:
         connection.close()
 
 
+def post_whole(base_url: str, path: str, body: bytes, timeout: float = 1800.0, headers: dict[str, str] | None = None) -> Reply:
+    """POST `body` (a request not streamed) and read its JSON answer."""
+    url = urlsplit(base_url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+    started = time.perf_counter()
+    try:
+        connection.request("POST", path, body=body, headers={**CLIENT_HEADERS, **(headers or {})})
+        response = connection.getresponse()
+        data = response.read()
+    except (OSError, http.client.HTTPException) as error:
+        return Reply(0, None, time.perf_counter() - started, error=f"connection failed: {error!r}")
+    finally:
+        connection.close()
+    total = time.perf_counter() - started
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        answer = None
+    if response.status != 200 or not isinstance(answer, dict):
+        return Reply(response.status, None, total, error=f"HTTP {response.status}: {data[:500].decode(errors='replace')}")
+    usage: dict = {}
+    merge_usage(usage, answer)
+    return Reply(200, total, total, usage, stop_reason=_stop_reason(answer) or _stop_reason({"type": "message_delta", "delta": answer}),
+                 response_id=answer.get("id"))
+
+
+def response_id_of(payload: Any) -> str | None:
+    """The answer's id where an event carries it: an OpenAI chunk, Anthropic's message_start, a Responses response event."""
+    if not isinstance(payload, dict):
+        return None
+    for holder in (payload, payload.get("message"), payload.get("response")):
+        if isinstance(holder, dict) and isinstance(holder.get("id"), str):
+            return holder["id"]
+    return None
+
+
 def _stop_reason(payload: Any) -> str | None:
-    """Why the reply ended, where this event says: Anthropic's message_delta, or an OpenAI chunk's finish_reason."""
+    """Why the reply ended, where this event (or a whole answer) says: Anthropic's message_delta, an OpenAI
+    chunk's (or completion's) finish_reason, a Responses stream's last event (its response's status)."""
     if not isinstance(payload, dict):
         return None
     if payload.get("type") == "message_delta":
         return (payload.get("delta") or {}).get("stop_reason")
+    final = final_response(payload) or (payload if payload.get("object") == "response" else None)
+    if final is not None:
+        return final.get("status") if final.get("status") in ("completed", "incomplete") else None
     choices = payload.get("choices")
     if isinstance(choices, list):
         return next((choice["finish_reason"] for choice in choices if isinstance(choice, dict) and choice.get("finish_reason")), None)
@@ -267,8 +318,11 @@ def max_tokens_for(request: Request, policy: int | str) -> int:
 def for_client(request: Request, *, max_tokens: int, model: str | None, protocol: str = "anthropic") -> bytes:
     """The request bytes as this replay sends them (see module docstring)."""
     body = dict(request.body, max_tokens=max_tokens, temperature=GREEDY)
-    if protocol == "openai":
-        return json.dumps(openai_body(body, max_tokens=max_tokens), ensure_ascii=False).encode()
+    if protocol in ("openai", "responses"):
+        converted = openai_body(body, max_tokens=max_tokens) if protocol == "openai" else responses_body(body, max_tokens=max_tokens)
+        if model is not None:  # else none: mlx_lm.server serves its own
+            converted["model"] = model
+        return json.dumps(converted, ensure_ascii=False).encode()
     if model is not None:
         body["model"] = model
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
@@ -304,8 +358,9 @@ class Replayer:
         prompt_tokens_of: Callable[[Request], int | None] | None = None,
         reuse_sources: tuple[str, ...] = REUSE_SOURCES,
         on_answered: Callable[[Request], None] | None = None,
+        client: AgentClient | None = None,
     ):
-        self.sender = _Sender(base_url, CHAT_COMPLETIONS_PATH if protocol == "openai" else MESSAGES_PATH, max_tokens, model, protocol, on_answered)
+        self.sender = _Sender(base_url, PATHS[protocol], max_tokens, model, protocol, on_answered, client)
         self.server_url = server_url or base_url
         self.server_lines, self.proxy_lines = LogFollower(server_log), LogFollower(proxy_log)
         self.prompt_tokens_of = prompt_tokens_of
@@ -406,8 +461,9 @@ def instances(group: list[Request]) -> list[list[Request]]:
 
 class _Sender:
     def __init__(self, base_url: str, path: str, max_tokens: int | str, model: str | None, protocol: str,
-                 on_answered: Callable[[Request], None] | None = None):
+                 on_answered: Callable[[Request], None] | None = None, client: AgentClient | None = None):
         self.base_url, self.path, self.model, self.protocol, self.on_answered = base_url, path, model, protocol, on_answered
+        self.client = client
         self.max_tokens = max_tokens_policy(max_tokens)  # a bad policy fails here, not mid-replay
         self.started = time.perf_counter()
 
@@ -415,9 +471,25 @@ class _Sender:
         body = for_client(request, max_tokens=max_tokens_for(request, self.max_tokens), model=self.model, protocol=self.protocol)
         started_s = time.perf_counter() - self.started
         reply = post_streamed(self.base_url, self.path, body, headers=request.headers, on_sent=on_sent)
+        resend = resend_as(self.client, reply) if self.client else None
+        if resend is not None:
+            reply = self._sent_again(request, body, reply, streamed=resend != NOT_STREAMED)
         if self.on_answered:
             self.on_answered(request)
         return started_s, reply
+
+    def _sent_again(self, request: Request, body: bytes, cut: Reply, *, streamed: bool) -> Reply:
+        """What an agent that sends a cut request again does (at once: its own back-off is not modelled): the
+        whole answer it then reads, timed from the first request's start, and how long after the cut it had it."""
+        cut_at = time.perf_counter()
+        if streamed:
+            again = post_streamed(self.base_url, self.path, body, headers=request.headers)
+        else:
+            again = post_whole(self.base_url, self.path, json.dumps({**json.loads(body), "stream": False}).encode(), headers=request.headers)
+        again.cut, again.recovery_s = loss_kind(cut), time.perf_counter() - cut_at
+        again.total_s += cut.total_s
+        again.ttft_s = None if again.ttft_s is None else again.ttft_s + cut.total_s
+        return again
 
 
 def _diagnosis_line(lines: list[str]) -> str | None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from stable_prefix.bench.clients.agent_clients import CLIENTS
 from stable_prefix.bench.measure.report import _interval_times, _seconds, _times, _tokens, verdict
 
 
@@ -101,6 +102,44 @@ def failover_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def recovery_lines(result: dict[str, Any]) -> list[str]:
+    """Per failover run: what the users, each behaving as one agent does, lost when replica B died."""
+    runs = {key: config for key, config in result["configurations"].items() if config["failover"]}
+    if not runs:
+        return ["Not run."]
+    lines = ["| configuration | users behave as | streams cut (how they ended for the client) | recovered by the agent | recovered by the proxy | lost "
+             "| from the cut to the whole answer (median, max) |", "|---|---|---|---|---|---|---|"]
+    for key, config in runs.items():
+        recovery = config["recovery"]
+        seconds = f"{_seconds(recovery['recovery_s_median'])}, {_seconds(recovery['recovery_s_max'])}" if recovery["recovery_s_median"] is not None else "n/a"
+        lines.append(f"| `{key}` | {CLIENTS[config['client']].name} ({CLIENTS[config['client']].protocol}) | {recovery['cut']} "
+                     f"({', '.join(f'{form} {count}' for form, count in recovery['cut_forms'].items()) or 'none'}) | "
+                     f"{recovery['recovered_by_agent']} | {recovery['recovered_by_proxy']} | {recovery['lost']} | {seconds} |")
+    lines += ["", "An agent that sends a cut request again does so at once here (its own back-off is not modelled): the agent's figure is "
+              "its second request's time; the proxy's, the recovery it logged (`stream_recovery`). Where the kill found replica B "
+              "decoding a reply (`killed while decoding`), a stream was cut mid-reply; the others in flight were cut where they were: "
+              + ", ".join(f"`{key}` {config['events'].get('killed_while_decoding')}" for key, config in runs.items())]
+    return lines
+
+
+def balance_lines(result: dict[str, Any]) -> list[str]:
+    """The key's placement with and without HAProxy's bounded load, and smg's, against one replica alone."""
+    keys = [key for key in ("key-haproxy", "key-haproxy-bounded", "key-smg") if key in result["configurations"]]
+    if not keys:
+        return ["Not measured in this run."]
+    alone = result["configurations"].get("alone")
+    lines = ["| configuration | requests per replica (balance) | tokens prefilled | against one replica alone | lanes on one replica |",
+             "|---|---|---|---|---|"]
+    for key in keys:
+        config = result["configurations"][key]
+        ratio = _times(config["tokens_prefilled"] / alone["tokens_prefilled"]) if alone and alone["tokens_prefilled"] else "n/a"
+        on_one = config["lanes_on_one_replica"]
+        balance = f" ({_times(config['balance'])})" if config["balance"] else ""
+        lines.append(f"| `{key}` | {_replicas(config)}{balance} | {_tokens(config['tokens_prefilled'])} | {ratio} | "
+                     f"{on_one['on_one_replica']} of {on_one['lanes']} |")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     team = result["team"]
     sizes = ", ".join(f"{user} {count}" for user, count in team["requests_per_user"].items())
@@ -130,6 +169,14 @@ def markdown(result: dict[str, Any]) -> str:
         "## Failover",
         "",
         *failover_lines(result),
+        "",
+        "## What a user loses when a replica dies mid-reply, per agent",
+        "",
+        *recovery_lines(result),
+        "",
+        "## Balance: bounded-load consistent hashing",
+        "",
+        *balance_lines(result),
         "",
         "## Targets",
         "",

@@ -184,6 +184,8 @@ class ClaudeCode:
     api_key: str = DUMMY_API_KEY
     hint_headers: bool = True  # as `stable-prefix claude` runs it; False: what a plain ANTHROPIC_BASE_URL user sends
     extra_environment: tuple[tuple[str, str], ...] = ()  # e.g. (("CLAUDE_CODE_FORK_SUBAGENT", "1"),)
+    # 0: a retry would be a second cold prefill and blur the lanes; None: the CLI's own retries, as a user runs it.
+    max_retries: int | None = 0
 
     def environment(self, *, side_requests: bool = False) -> dict[str, str]:
         """A minimal environment: nothing of the caller's shell leaks in (no real keys, no proxies).
@@ -199,9 +201,10 @@ class ClaudeCode:
             "LANG": "C.UTF-8",
             "CLAUDE_CONFIG_DIR": str(self.sandbox.config_dir),
             "ANTHROPIC_API_KEY": self.api_key,
-            "CLAUDE_CODE_MAX_RETRIES": "0",  # a retry would be a second cold prefill and blur the lanes
             **OFFLINE_ENVIRONMENT,
         }
+        if self.max_retries is not None:
+            environment["CLAUDE_CODE_MAX_RETRIES"] = str(self.max_retries)
         if not side_requests:
             environment["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
         if self.base_url is not None:

@@ -150,13 +150,16 @@ class Sandbox:
     workdir: Path
 
     @classmethod
-    def create(cls, root: Path, base_url: str, model: str) -> Sandbox:
+    def create(cls, root: Path, base_url: str, model: str, *, client_retries: bool = False) -> Sandbox:
+        """`client_retries`: Codex retries a failed request or a cut stream as it does for a user (`stable-prefix
+        codex`); off by default, where a retry would be a second cold prefill."""
         project = ScratchProject.create(root)
         sandbox = cls(home=project.home, codex_home=root / "codex-home", workdir=project.workdir)
         sandbox.codex_home.mkdir(parents=True, exist_ok=True)
         settings = stack_settings(base_url, model)
-        settings["model_providers"][PROVIDER_ID]["request_max_retries"] = 0  # a retry would be a second cold prefill
-        settings["model_providers"][PROVIDER_ID]["stream_max_retries"] = 0
+        if not client_retries:
+            settings["model_providers"][PROVIDER_ID]["request_max_retries"] = 0
+            settings["model_providers"][PROVIDER_ID]["stream_max_retries"] = 0
         (sandbox.codex_home / "config.toml").write_text(config_toml(settings))
         return sandbox
 

@@ -27,9 +27,10 @@ def result(tmp_path_factory):
 def test_the_report_has_a_row_per_configuration_and_every_section(result):
     out, _ = result
     report = (out / "latest.md").read_text()
-    table = [line for line in report.splitlines() if line.startswith("| `")]
+    per_configuration = report.split("## Per configuration", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in per_configuration.splitlines() if line.startswith("| `")]
     assert [line.split("`")[1] for line in table] == CONFIGS
-    for heading in ("## Per configuration", "## The routing key", "## Failover", "## Targets"):
+    for heading in ("## Per configuration", "## The routing key", "## Failover", "## What a user loses", "## Balance", "## Targets"):
         assert heading in report
 
 

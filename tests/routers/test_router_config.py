@@ -71,6 +71,19 @@ def test_haproxy_streams_at_once_and_retries_a_dead_servers_connection_elsewhere
         assert line in text
 
 
+def test_haproxy_bounds_each_replicas_load_when_asked(tmp_path):
+    config = router_config("haproxy", REPLICAS, port=8090, balance_factor=150)
+    assert "hash-type consistent\n    hash-balance-factor 150" in config.config_text
+    check = subprocess.run([str(routers.router_binary("haproxy")), "-c", "-f", config.command(tmp_path)[-1]], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize(("kind", "policy", "factor"), [("smg", "key", 150), ("haproxy", "round_robin", 150), ("haproxy", "key", 100)])
+def test_a_balance_factor_bounds_haproxys_consistent_hashing_only_and_above_the_average(kind, policy, factor):
+    with pytest.raises(ValueError, match="balance factor"):
+        router_config(kind, REPLICAS, port=8090, policy=policy, balance_factor=factor)
+
+
 def test_haproxy_round_robin_has_no_hash():
     text = router_config("haproxy", REPLICAS, port=8090, policy="round_robin").config_text
     assert "balance roundrobin" in text and "hash-type" not in text
