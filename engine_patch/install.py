@@ -115,7 +115,7 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     if engine == "simple":
         patched = simple_engine.install(planner, drafting)
     else:
-        seams = batched_engine.BatchedEngineSeams(planner)
+        seams = batched_engine.BatchedEngineSeams(planner, drafting)
         patched = seams.install() + batched_admission.install(seams.contexts) + recurrent_padding_fix.install()
     if disk_tier is not None:
         patched += _identify_loaded_models(disk_tier)

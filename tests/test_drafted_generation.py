@@ -11,7 +11,7 @@ import sys
 
 import mlx_lm
 import pytest
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.sample_utils import apply_top_k, make_logits_processors, make_sampler
 
 from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.cache.request_plan import prompt_token_ids
@@ -138,27 +138,21 @@ def test_sampled_answers_with_drafts_follow_the_target_s_distribution_at_every_d
     import mlx.core as mx
 
     from stable_prefix.engine_patch.vllm_mlx import detokenizer_map
-    from tests.support.sampled_continuations import chi_square_p_value, continuation_probabilities
+    from tests.support.sampled_continuations import chi_square_p_value, continuation_probabilities, modes_after
 
     detokenizer_map.install()  # as the server runs: no 151K-entry token map rebuilt per request
     model, tokenizer = load("qwen2")
     prompt = prompt_token_ids(tokenizer, "hello hello")
     # stream_generate ends an answer at an end token (it hands that token out last).
-    probabilities, most_likely = continuation_probabilities(model, prompt, TOP_K, DEPTH, tokenizer.eos_token_ids)
+    probabilities, most_likely = continuation_probabilities(model, prompt, lambda logprobs: apply_top_k(logprobs, TOP_K), DEPTH,
+                                                            tokenizer.eos_token_ids)
 
-    def modes(generated: tuple[int, ...], count: int) -> list[int]:
-        """The target's most likely tokens after `generated`: confirmed about as often as they are likely."""
-        chain = list(generated)
-        while len(chain) < DEPTH and tuple(chain) in most_likely:
-            chain.append(most_likely[tuple(chain)])
-        return chain[len(generated) :]
-
-    drafting = Drafting("on", proposer=scripted(modes))
+    drafting = Drafting("on", proposer=scripted(modes_after(most_likely, DEPTH)))
     mx.random.seed(0)
     sampler = make_sampler(temp=1.0, top_k=TOP_K)
     with drafted_stream_generate(drafting) as generate:
         drafted = [tuple(r.token for r in generate(model, tokenizer, prompt, DEPTH, sampler=sampler)) for _ in range(SAMPLES)]
     stats = drafting.stats.figures()
+    assert chi_square_p_value(drafted, probabilities) > 0.001
     # The third and fourth tokens were drafted (two tokens after the first two), drafts confirmed and cut short.
     assert 0 < stats["draft_accepted"] < stats["draft_proposed"], stats
-    assert chi_square_p_value(drafted, probabilities) > 0.001

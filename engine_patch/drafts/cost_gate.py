@@ -14,9 +14,10 @@ not in the curve); else the step runs as mlx-lm's own. The curve is by
 tokens in one forward: B rows of S tokens cost about what one row of B * S does.
 
 Modes: `off` never drafts; `auto` decides with the curve this machine
-measured (`verify_cost.py`); `on` drafts with a nominal weights-bound curve,
-as a Mac would decide (each extra token in a forward costing
-`NOMINAL_EXTRA_TOKEN_COST` of a step), whatever this machine's curve says.
+measured (`verify_cost.py`), for the whole step; `on` drafts on every row
+whatever the step costs, each row's length chosen from its own acceptance on
+a nominal weights-bound curve for one sequence (each extra token in a forward
+costing `NOMINAL_EXTRA_TOKEN_COST` of a step): what a Mac would draft.
 """
 
 from __future__ import annotations
@@ -109,6 +110,13 @@ def plan_step(rows: Sequence[RowOutlook], curve: VerifyCostCurve, min_gain: floa
     if narrowest == 1 and best.width > 1 and best.gain <= 1 + min_gain:
         return StepPlan(1, [0] * count, 1.0)
     return best
+
+
+def plan_rows_alone(rows: Sequence[RowOutlook], curve: VerifyCostCurve) -> StepPlan:
+    """`on`: each row drafts what would pay for it alone on `curve`, whatever the rows beside it cost."""
+    drafts = [plan_step([row], curve, min_gain=0.0).drafts[0] for row in rows]
+    width = max(row.head + drafted for row, drafted in zip(rows, drafts))
+    return StepPlan(width, drafts)
 
 
 def break_even_acceptance(curve: VerifyCostCurve, min_gain: float = MIN_GAIN) -> dict[int, float | None]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost_gate import MIN_GAIN, MODES, RowOutlook, StepPlan, VerifyCostCurve, break_even_acceptance, nominal_curve, plan_step
+from .cost_gate import MIN_GAIN, MODES, RowOutlook, StepPlan, VerifyCostCurve, break_even_acceptance, nominal_curve, plan_rows_alone, plan_step
 from .draft_session import DraftSession
 from .suffix_proposer import FrozenTokens, JoinedLanes, SuffixProposer
 
@@ -120,6 +120,8 @@ class Drafting:
     def plan(self, rows: Sequence[RowOutlook]) -> StepPlan:
         if not rows or self.curve is None or self.mode == "off":
             return StepPlan(1, [0] * len(rows))
+        if self.mode == "on":
+            return plan_rows_alone(rows, self.curve)
         return plan_step(rows, self.curve, self.min_gain)
 
     def decision(self) -> dict[str, Any]:

@@ -1,28 +1,28 @@
 """The exact distribution of a short sampled continuation, and a chi-square test of samples against it.
 
-For a sampler that keeps the top k tokens at temperature 1 (`make_sampler(temp=1.0,
-top_k=k)`), the probability of each continuation of `depth` tokens is the product of
-the renormalised top-k probabilities along it, computed here from the model's own
-logits (one forward per prefix: k^0 + ... + k^(depth-1)). Drawing many continuations
-with and without drafts and testing each set against these probabilities checks that
-drafting leaves the distribution alone, position by position.
+For a sampler at temperature 1 that keeps some tokens (mlx-lm's `apply_top_k` or
+`apply_min_p`, as `make_sampler` chains them), the probability of each continuation of
+`depth` tokens is the product of the renormalised kept probabilities along it, computed
+here from the model's own logits (one forward per prefix). Drawing many continuations
+with drafts and testing them against these probabilities checks that drafting leaves
+the distribution alone, position by position.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
 
 
-def continuation_probabilities(model, prompt: Sequence[int], top_k: int, depth: int, end_tokens: Sequence[int] = ()
+def continuation_probabilities(model, prompt: Sequence[int], kept: Callable[[mx.array], mx.array], depth: int, end_tokens: Sequence[int] = ()
                                ) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], int]]:
-    """P(continuation) for every continuation of `depth` tokens under top-k sampling at temperature 1 (one
-    that draws an end token stops there), and the most likely next token after every shorter prefix (what a
-    draft of the target's mode proposes)."""
+    """P(continuation) for every continuation of `depth` tokens sampled at temperature 1 from the tokens
+    `kept(logprobs)` leaves finite (one that draws an end token stops there), and the most likely next token
+    after every shorter prefix (what a draft of the target's mode proposes)."""
     probabilities: dict[tuple[int, ...], float] = {(): 1.0}
     most_likely: dict[tuple[int, ...], int] = {}
     for _ in range(depth):
@@ -31,16 +31,28 @@ def continuation_probabilities(model, prompt: Sequence[int], top_k: int, depth: 
             if prefix and prefix[-1] in end_tokens:
                 grown[prefix] = probability
                 continue
-            logits = model(mx.array([*prompt, *prefix])[None])[0, -1].astype(mx.float32)
-            values = np.array(logits)
-            top = np.argsort(-values)[:top_k]
+            logits = model(mx.array([*prompt, *prefix])[None])[0, -1:].astype(mx.float32)
+            values = np.array(kept(logits - mx.logsumexp(logits, axis=-1, keepdims=True)))[0]
+            top = np.flatnonzero(np.isfinite(values))
             weights = np.exp(values[top] - values[top].max())
             weights /= weights.sum()
-            most_likely[prefix] = int(top[0])
+            most_likely[prefix] = int(top[np.argmax(weights)])
             for token, weight in zip(top, weights):
                 grown[(*prefix, int(token))] = probability * float(weight)
         probabilities = grown
     return probabilities, most_likely
+
+
+def modes_after(most_likely: dict[tuple[int, ...], int], depth: int) -> Callable[[tuple[int, ...], int], list[int]]:
+    """Drafts of the target's most likely tokens after what was generated (confirmed about as often as they are likely)."""
+
+    def continuation(generated: tuple[int, ...], count: int) -> list[int]:
+        chain = list(generated)
+        while len(chain) < depth and tuple(chain) in most_likely:
+            chain.append(most_likely[tuple(chain)])
+        return chain[len(generated) :]
+
+    return continuation
 
 
 # Cells expected fewer times than this are pooled into one (the chi-square approximation needs counts).
