@@ -89,7 +89,7 @@ def test_a_row_with_a_repetition_penalty_decodes_beside_drafting_rows_without_dr
     assert stats["draft_bypassed"] == {"logits processors": 1} and stats["draft_accepted"] > 0
 
 
-SAMPLED_ROWS, SAMPLED_DEPTH, MIN_P = 600, 3, 0.7  # 14 continuations of three tokens for this prompt and model
+SAMPLED_ROWS, SAMPLED_DEPTH, MIN_P = 600, 3, 0.8  # 12 continuations of three tokens for this prompt and model
 
 
 @pytest.mark.slow
@@ -99,8 +99,10 @@ def test_sampled_rows_drafting_follow_the_target_s_distribution_at_every_drafted
 
     from tests.support.sampled_continuations import chi_square_p_value, continuation_probabilities, modes_after
 
-    model, tokenizer = load("qwen2")
-    text = "def add(a, b):"
+    # Float32 weights (no exact ties at the min-p threshold); a hybrid, so rows feed the full width and
+    # a row cut short puts its recurrent state back.
+    model, tokenizer = load("qwen3_5")
+    text = "x = 1\n"
     prompt_ids = tokenizer.encode(text)
     probabilities, most_likely = continuation_probabilities(model, prompt_ids, lambda logprobs: apply_min_p(logprobs, MIN_P), SAMPLED_DEPTH,
                                                             tokenizer.eos_token_ids)

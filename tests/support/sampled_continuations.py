@@ -31,7 +31,7 @@ def continuation_probabilities(model, prompt: Sequence[int], kept: Callable[[mx.
             if prefix and prefix[-1] in end_tokens:
                 grown[prefix] = probability
                 continue
-            logits = model(mx.array([*prompt, *prefix])[None])[0, -1:].astype(mx.float32)
+            logits = _decoded_logits(model, prompt, prefix)
             values = np.array(kept(logits - mx.logsumexp(logits, axis=-1, keepdims=True)))[0]
             top = np.flatnonzero(np.isfinite(values))
             weights = np.exp(values[top] - values[top].max())
@@ -41,6 +41,19 @@ def continuation_probabilities(model, prompt: Sequence[int], kept: Callable[[mx.
                 grown[(*prefix, int(token))] = probability * float(weight)
         probabilities = grown
     return probabilities, most_likely
+
+
+def _decoded_logits(model, prompt: Sequence[int], prefix: tuple[int, ...]) -> mx.array:
+    """The logits after `prefix` computed as decoding computes them: the prompt but its last token prefilled,
+    then one token per forward (float rounding then matches the answers sampled without drafts)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    model(mx.array(prompt[:-1])[None], cache=cache)
+    logits = model(mx.array(prompt[-1:])[None], cache=cache)
+    for token in prefix:
+        logits = model(mx.array([token])[None], cache=cache)
+    return logits[0, -1:].astype(mx.float32)
 
 
 def modes_after(most_likely: dict[tuple[int, ...], int], depth: int) -> Callable[[tuple[int, ...], int], list[int]]:
