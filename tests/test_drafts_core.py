@@ -146,3 +146,39 @@ def test_off_never_opens_a_session_and_on_reports_its_nominal_curve():
     assert Drafting("off").session([1, 2]) is None
     decision = Drafting("on").decision()
     assert decision["drafting"] == "on" and decision["verify_cost"]["source"].startswith("nominal")
+
+
+# --- code quoted in a tool call's JSON -------------------------------------------------
+
+
+def forwards_to_write(proposer: SuffixProposer, reply: list[int], draft: int = MAX_DRAFT) -> int:
+    """Forward passes a greedy decode of `reply` takes when every step drafts the proposer's next `draft` tokens."""
+    done, forwards = 1, 0
+    proposer.extend(reply[:1])
+    while done < len(reply):
+        proposed = proposer.propose(draft)
+        emitted_now = emitted(proposed, reply[done:] + [-1])[: len(reply) - done]
+        proposer.extend(emitted_now)
+        done += len(emitted_now)
+        forwards += 1
+    return forwards
+
+
+def test_an_edit_s_json_escaped_old_string_is_drafted_from_the_prompt_s_code():
+    from transformers import AutoTokenizer
+
+    from stable_prefix.engine_patch.drafts.json_string_view import json_string_view
+    from tests.support.models import require_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(require_model()))
+    import inspect
+    import shlex
+
+    code = inspect.getsource(shlex.quote)
+    prompt = tokenizer.encode(f"Read shlex.py:\n{code}\nReplace its docstring.")
+    import json
+
+    reply = tokenizer.encode('{"name": "Edit", "arguments": {"old_string": ' + json.dumps(code) + "}}")
+    plain = forwards_to_write(SuffixProposer(prompt), reply)
+    quoted = forwards_to_write(SuffixProposer(prompt, JoinedLanes([FrozenTokens(json_string_view(tokenizer, prompt))])), reply)
+    assert quoted < 0.5 * plain, (quoted, plain, len(reply))

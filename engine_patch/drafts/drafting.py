@@ -19,6 +19,7 @@ import numpy as np
 
 from .cost_gate import MIN_GAIN, MODES, RowOutlook, StepPlan, VerifyCostCurve, break_even_acceptance, nominal_curve, plan_rows_alone, plan_step
 from .draft_session import DraftSession
+from .json_string_view import json_string_view
 from .suffix_proposer import FrozenTokens, JoinedLanes, SuffixProposer
 
 logger = logging.getLogger("engine_patch")
@@ -143,24 +144,36 @@ class Drafting:
 
     # --- requests ----------------------------------------------------------------
 
-    def session(self, prompt: Sequence[int], bypass: str | None = None) -> DraftSession | None:
-        """A request's session; None when no draft could pay here (nothing is proposed or shadowed)."""
+    def session(self, prompt: Sequence[int], bypass: str | None = None, tokenizer: Any = None) -> DraftSession | None:
+        """A request's session; None when no draft could pay here (nothing is proposed or shadowed).
+
+        With the request's `tokenizer`, its prompt is also a source as a JSON string quotes it
+        (`json_string_view.py`: what an Edit's or a Write's arguments repeat).
+        """
         if not self.pays_somewhere:
             return None
         if bypass is not None:
             self.stats.bypass(bypass)
-        return DraftSession(self.proposer(prompt, self._other_lanes()), self.stats, bypass)
+            return DraftSession(self.proposer(prompt, None), self.stats, bypass)
+        return DraftSession(self.proposer(prompt, self._other_sources(prompt, tokenizer)), self.stats, bypass)
 
-    def _other_lanes(self) -> JoinedLanes | None:
-        """The prefix cache's lanes as one source; each lane's index is built once while it stays in the cache."""
+    def _other_sources(self, prompt: Sequence[int], tokenizer: Any) -> JoinedLanes | None:
+        """The prefix cache's lanes and the prompt as a JSON string, as one source; each lane's index is
+        built once while it stays in the cache."""
+        sources = []
         try:
             arrays = list(self.lanes())[-MAX_OTHER_LANES:]
+            # Keyed by identity, each array kept beside its index so its id cannot be reused while it is held.
+            self._frozen = {id(array): self._frozen.get(id(array)) or (array, FrozenTokens(array)) for array in arrays}
+            sources += [frozen for _, frozen in self._frozen.values()]
         except Exception as error:  # another lane's tokens are a bonus: never a reason to fail a request
             logger.debug("engine_patch: other lanes unavailable for drafting (%r)", error)
-            return None
-        # Keyed by identity, each array kept beside its index so its id cannot be reused while it is held.
-        self._frozen = {id(array): self._frozen.get(id(array)) or (array, FrozenTokens(array)) for array in arrays}
-        return JoinedLanes([frozen for _, frozen in self._frozen.values()]) if arrays else None
+        if tokenizer is not None:
+            try:
+                sources.append(FrozenTokens(json_string_view(tokenizer, prompt)))
+            except Exception as error:  # a tokenizer without decode/encode as expected: the view is a bonus too
+                logger.debug("engine_patch: no JSON-string view of the prompt for drafting (%r)", error)
+        return JoinedLanes(sources) if sources else None
 
     def figures(self) -> dict[str, Any]:
         return {**self.stats.figures(), "draft_mode": self.mode, "draft_decision": self.decision()}

@@ -92,7 +92,7 @@ class ServedScheduler:
         self.prefills = SharedPrefills()
         self.generator: Any = None
         self.segments_supported = True
-        self.drafted = DraftedBatches(drafting, scheduler.model) if drafting is not None else None
+        self.drafted = DraftedBatches(drafting, scheduler.model, scheduler._actual_tokenizer) if drafting is not None else None
 
     @property
     def model(self) -> Any:

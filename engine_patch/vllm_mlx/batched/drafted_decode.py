@@ -61,9 +61,10 @@ logger = logging.getLogger("engine_patch")
 class DraftedBatches:
     """Drafting for one scheduler's generators: a session per sequence, the drafted step of its generation batch."""
 
-    def __init__(self, drafting: Drafting, model: Any):
+    def __init__(self, drafting: Drafting, model: Any, tokenizer: Any = None):
         self.drafting = drafting
         self.model = model
+        self.tokenizer = tokenizer
         prompt_cache = make_prompt_cache(model)
         self.recurrent = has_recurrent_state(prompt_cache)
         self.why_not = why_not_draftable(prompt_cache)
@@ -89,7 +90,7 @@ class DraftedBatches:
         processors = logits_processors or [[]] * len(prompts)
         for uid, prompt, row_processors in zip(uids, prompts, processors):
             bypass = "logits processors" if row_processors else self.why_not
-            self.sessions[uid] = self.drafting.session(full_prompt(prompt), bypass)
+            self.sessions[uid] = self.drafting.session(full_prompt(prompt), bypass, self.tokenizer)
         self._forget_gone(generator)
         return uids
 

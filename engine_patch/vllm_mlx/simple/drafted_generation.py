@@ -65,7 +65,7 @@ class DraftedGeneration:
         self.drafting.prepare(model)
         bypass = next((f"{option.replace('_', ' ')}" for option in MLX_LM_ONLY if kwargs.get(option)), None)
         tokens = prompt if isinstance(prompt, list) else None
-        session = self.drafting.session(tokens, bypass) if tokens is not None else None
+        session = self.drafting.session(tokens, bypass, tokenizer) if tokens is not None else None
         kwargs["draft_request"] = DraftRequest(self.drafting, session)
         yield from self.generate(model, tokenizer, prompt, max_tokens, **kwargs)
 
