@@ -182,3 +182,18 @@ def test_an_edit_s_json_escaped_old_string_is_drafted_from_the_prompt_s_code():
     plain = forwards_to_write(SuffixProposer(prompt), reply)
     quoted = forwards_to_write(SuffixProposer(prompt, JoinedLanes([FrozenTokens(json_string_view(tokenizer, prompt))])), reply)
     assert quoted < 0.5 * plain, (quoted, plain, len(reply))
+
+
+def test_a_failing_proposer_stops_drafting_for_its_request_and_is_counted(caplog):
+    class Broken:
+        def extend(self, tokens):
+            pass
+
+        def propose(self, count):
+            raise IndexError("injected proposer fault")
+
+    drafting = Drafting("on", proposer=lambda prompt, lanes: Broken())
+    session = drafting.session([1, 2, 3])
+    assert session.outlook(remaining=10).available == 0
+    assert not session.may_draft and drafting.stats.figures()["draft_bypassed"] == {"proposer fault": 1}
+    assert "injected proposer fault" in caplog.text
