@@ -54,6 +54,12 @@ def test_another_lane_s_tokens_are_proposed_when_the_request_itself_has_no_match
     assert proposer.propose(3) == [22, 23, 24]
 
 
+def test_the_request_s_own_match_wins_over_a_longer_one_in_another_lane():
+    # The other lane shares more of the scaffolding (5, 8) before the copied token: the request's own file comes first.
+    proposer = SuffixProposer([8, 30, 31, 32, 5, 8, 30], lanes([5, 8, 30, 40, 41]))
+    assert proposer.propose(2) == [31, 32]
+
+
 def test_a_proposal_from_another_lane_stops_where_that_lane_ends():
     proposer = SuffixProposer([1, 20, 21], lanes([9, 20, 21, 22], [23, 24]))
     assert proposer.propose(4) == [22]
@@ -180,7 +186,7 @@ def test_an_edit_s_json_escaped_old_string_is_drafted_from_the_prompt_s_code():
 
     reply = tokenizer.encode('{"name": "Edit", "arguments": {"old_string": ' + json.dumps(code) + "}}")
     plain = forwards_to_write(SuffixProposer(prompt), reply)
-    quoted = forwards_to_write(SuffixProposer(prompt, JoinedLanes([FrozenTokens(json_string_view(tokenizer, prompt))])), reply)
+    quoted = forwards_to_write(SuffixProposer(prompt, quoted=FrozenTokens(json_string_view(tokenizer, prompt))), reply)
     assert quoted < 0.5 * plain, (quoted, plain, len(reply))
 
 
@@ -192,7 +198,7 @@ def test_a_failing_proposer_stops_drafting_for_its_request_and_is_counted(caplog
         def propose(self, count):
             raise IndexError("injected proposer fault")
 
-    drafting = Drafting("on", proposer=lambda prompt, lanes: Broken())
+    drafting = Drafting("on", proposer=lambda prompt, lanes=None, quoted=None: Broken())
     session = drafting.session([1, 2, 3])
     assert session.outlook(remaining=10).available == 0
     assert not session.may_draft and drafting.stats.figures()["draft_bypassed"] == {"proposer fault": 1}

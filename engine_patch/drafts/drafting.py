@@ -69,12 +69,12 @@ class DraftStats:
 
 class Drafting:
     def __init__(self, mode: str = "auto", lanes: Callable[[], Sequence[np.ndarray]] = list, min_gain: float = MIN_GAIN,
-                 proposer: Callable[[Sequence[int], JoinedLanes | None], Any] = SuffixProposer):
+                 proposer: Callable[..., Any] = SuffixProposer):
         if mode not in MODES:
             raise ValueError(f"--draft {mode!r}: choose {', '.join(MODES)}")
         self.mode = mode
         self.lanes = lanes
-        self.proposer = proposer  # (prompt, other lanes) -> an object with extend(tokens) and propose(count)
+        self.proposer = proposer  # (prompt, other lanes, quoted prompt) -> an object with extend(tokens) and propose(count)
         self.min_gain = min_gain if mode == "auto" else 0.0
         self.stats = DraftStats()
         self.curve: VerifyCostCurve | None = nominal_curve() if mode == "on" else None
@@ -154,26 +154,28 @@ class Drafting:
             return None
         if bypass is not None:
             self.stats.bypass(bypass)
-            return DraftSession(self.proposer(prompt, None), self.stats, bypass)
-        return DraftSession(self.proposer(prompt, self._other_sources(prompt, tokenizer)), self.stats, bypass)
+            return DraftSession(self.proposer(prompt), self.stats, bypass)
+        return DraftSession(self.proposer(prompt, self._other_lanes(), self._quoted(prompt, tokenizer)), self.stats)
 
-    def _other_sources(self, prompt: Sequence[int], tokenizer: Any) -> JoinedLanes | None:
-        """The prefix cache's lanes and the prompt as a JSON string, as one source; each lane's index is
-        built once while it stays in the cache."""
-        sources = []
+    def _other_lanes(self) -> JoinedLanes | None:
+        """The prefix cache's lanes as one source; each lane's index is built once while it stays in the cache."""
         try:
             arrays = list(self.lanes())[-MAX_OTHER_LANES:]
-            # Keyed by identity, each array kept beside its index so its id cannot be reused while it is held.
-            self._frozen = {id(array): self._frozen.get(id(array)) or (array, FrozenTokens(array)) for array in arrays}
-            sources += [frozen for _, frozen in self._frozen.values()]
         except Exception as error:  # another lane's tokens are a bonus: never a reason to fail a request
             logger.debug("engine_patch: other lanes unavailable for drafting (%r)", error)
-        if tokenizer is not None:
-            try:
-                sources.append(FrozenTokens(json_string_view(tokenizer, prompt)))
-            except Exception as error:  # a tokenizer without decode/encode as expected: the view is a bonus too
-                logger.debug("engine_patch: no JSON-string view of the prompt for drafting (%r)", error)
-        return JoinedLanes(sources) if sources else None
+            return None
+        # Keyed by identity, each array kept beside its index so its id cannot be reused while it is held.
+        self._frozen = {id(array): self._frozen.get(id(array)) or (array, FrozenTokens(array)) for array in arrays}
+        return JoinedLanes([frozen for _, frozen in self._frozen.values()]) if arrays else None
+
+    def _quoted(self, prompt: Sequence[int], tokenizer: Any) -> FrozenTokens | None:
+        if tokenizer is None:
+            return None
+        try:
+            return FrozenTokens(json_string_view(tokenizer, prompt))
+        except Exception as error:  # a tokenizer without decode/encode as expected: the view is a bonus too
+            logger.debug("engine_patch: no JSON-string view of the prompt for drafting (%r)", error)
+            return None
 
     def figures(self) -> dict[str, Any]:
         return {**self.stats.figures(), "draft_mode": self.mode, "draft_decision": self.decision()}

@@ -8,8 +8,12 @@ few tokens somewhere earlier: in this request's prompt, in its reply so far,
 or in another lane's conversation (a subagent quoting what the main agent
 read). The proposer finds the occurrence whose preceding tokens agree longest
 with the sequence's end (at least `MIN_MATCH` of them, looked back up to
-`MAX_MATCH`), prefers the most recent one on a tie (own sequence before other
-lanes), and proposes the tokens that followed it.
+`MAX_MATCH`), prefers the most recent one on a tie, and proposes the tokens
+that followed it. The request's own tokens come first (its prompt and reply,
+and its prompt as a JSON string quotes it: `json_string_view.py`); other
+lanes only when those have no match: they share a session's scaffolding (the
+same system prompt, the same tool-call openings), which agrees longer than
+what the request itself is copying and would draft another lane's file.
 
 Lookups are vectorised: each source keeps its token array sorted once
 (immutable sources: the prompt, other lanes) or an index of positions per
@@ -105,10 +109,11 @@ class JoinedLanes:
 
 
 class SuffixProposer:
-    """Proposes the continuation of one sequence from its own tokens and other lanes'."""
+    """Proposes the continuation of one sequence from its own tokens, then from other lanes'."""
 
-    def __init__(self, prompt: Sequence[int], other_lanes: JoinedLanes | None = None):
+    def __init__(self, prompt: Sequence[int], other_lanes: JoinedLanes | None = None, quoted: FrozenTokens | None = None):
         self.sequence = GrowingTokens(prompt)
+        self.own = [self.sequence, *([quoted] if quoted is not None and len(quoted) else [])]
         self.other_lanes = [other_lanes] if other_lanes is not None and len(other_lanes) else []
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -121,11 +126,14 @@ class SuffixProposer:
         if count <= 0 or len(end) < MIN_MATCH:
             return []
         best_length, best_source, best_position = 0, None, -1
-        # The own sequence first: on equal agreement its most recent occurrence wins.
-        for source in (self.sequence, *self.other_lanes):
-            length, position = _longest_match(source, end)
-            if length > best_length:
-                best_length, best_source, best_position = length, source, position
+        for sources in (self.own, self.other_lanes):
+            # In order: on equal agreement the first source's most recent occurrence wins.
+            for source in sources:
+                length, position = _longest_match(source, end)
+                if length > best_length:
+                    best_length, best_source, best_position = length, source, position
+            if best_length >= MIN_MATCH:
+                break
         if best_length < MIN_MATCH:
             return []
         continuation = best_source.tokens[best_position + 1 : best_position + 1 + count]
@@ -133,7 +141,7 @@ class SuffixProposer:
         return [int(token) for token in continuation[: ends[0] if len(ends) else len(continuation)]]
 
 
-def _longest_match(source: JoinedLanes | GrowingTokens, end: np.ndarray) -> tuple[int, int]:
+def _longest_match(source: FrozenTokens | JoinedLanes | GrowingTokens, end: np.ndarray) -> tuple[int, int]:
     """The position in `source` whose preceding tokens agree longest with `end`'s last ones, and that agreement.
 
     A candidate must have a token after it (something to propose) and, in the

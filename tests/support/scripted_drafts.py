@@ -30,7 +30,7 @@ class ScriptedProposer:
 
 def scripted(continuation: Callable[[tuple[int, ...], int], list[int]]) -> Callable[..., ScriptedProposer]:
     """A proposer factory for `Drafting(proposer=...)`."""
-    return lambda prompt, other_lanes=None: ScriptedProposer(prompt, continuation)
+    return lambda prompt, other_lanes=None, quoted=None: ScriptedProposer(prompt, continuation)
 
 
 def noisy_reference(reference: Sequence[int], kept: float = 0.75, seed: int = 0) -> Callable[[tuple[int, ...], int], list[int]]:
@@ -52,4 +52,4 @@ def noisy_reference(reference: Sequence[int], kept: float = 0.75, seed: int = 0)
 
 def by_prompt(continuations: dict[tuple[int, ...], Callable[[tuple[int, ...], int], list[int]]]) -> Callable[..., ScriptedProposer]:
     """A proposer factory drafting, for each prompt it knows, with that prompt's continuation (nothing for others)."""
-    return lambda prompt, other_lanes=None: ScriptedProposer(prompt, continuations.get(tuple(prompt), lambda generated, count: []))
+    return lambda prompt, other_lanes=None, quoted=None: ScriptedProposer(prompt, continuations.get(tuple(prompt), lambda generated, count: []))
