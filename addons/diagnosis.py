@@ -27,7 +27,7 @@ earned its keep. Every break of the forwarded pair gets a `cause`:
                           session (the agent's session header, `lanes.py`)
   late tool change        `tools` changed, and every tool it gained a system
                           message of the conversation adds (Claude Code's
-                          late tool changes, `normalize.late_tool_names`):
+                          late tool changes, `system_messages.late_tool_names`):
                           the client itself changed what comes before the
                           whole history
   history edited          the break lies in the conversation after its first
@@ -62,12 +62,13 @@ too: what a cache that keeps every lane could still reuse.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stable_prefix.addons import normalize, responses_input
+from stable_prefix.addons import responses_input, rules
 from stable_prefix.addons.lanes import (
     LaneNames,
     LaneSignature,
@@ -77,21 +78,24 @@ from stable_prefix.addons.lanes import (
     session_of,
     told_compaction,
 )
-from stable_prefix.addons.normalize import (
-    CONVERSATION_CONTEXT,
-    CONVERSATION_KEY,
-    GIT_STATUS,
-    HOISTED_ROLES,
-    LOADED_TOOLS,
-    RULE_LABEL,
-    SYSTEM_MESSAGES,
-    TOOL_ORDER,
-    TURN_REMINDERS,
-    Api,
-    Change,
-    Rules,
+from stable_prefix.addons.normalize import Rules
+from stable_prefix.addons.prompt_order import (
+    Comparison,
+    Divergence,
+    PromptOrder,
+    Segment,
+    as_body,
+    compare,
+    is_system_text,
+    message_index,
+    path_index,
+    prompt_order,
+    tool_names,
 )
-from stable_prefix.addons.prompt_order import Comparison, Divergence, PromptOrder, Segment, compare, line_at, prompt_order
+from stable_prefix.addons.request_shape import CONVERSATION_KEY, Api, conversation
+from stable_prefix.addons.rules.base import Break, Change, Place
+from stable_prefix.addons.rules.system_messages import late_tool_names
+from stable_prefix.addons.rules.turn_reminders import agent_mode
 
 ENVIRONMENT = "environment"
 MODE_SWITCH = "mode switch"
@@ -105,6 +109,16 @@ SERVER_HISTORY = "history held by the server"
 UNEXPLAINED = "unexplained"
 # The prompt-order segment naming a stored response whose history the proxy did not see.
 PREVIOUS_RESPONSE = "previous_response_id"
+# Lines of an environment description that differ by repository, machine,
+# model or day (the `environment` cause of a break; no rule removes them).
+_ENVIRONMENT_LINE = re.compile(
+    r"^[ \t]*(?:-[ \t]*)?(?:Today's date\b|The current date is\b|Current date:|(?:Primary |Current )?working directory\b|Platform:|OS Version:|Shell:"
+    r"|Is (?:a git repository|directory a git repo)\b)"
+    r"|\bmodel (?:named|ID)\b|\bpowered by the model\b"
+    # Codex's <environment_context> message
+    r"|^[ \t]*<(?:cwd|current_date|timezone|shell)>",
+    re.IGNORECASE,
+)
 # How many earlier requests (all lanes) a first request or a break is compared
 # with for cross-conversation reuse. Each is held as its prompt order (about
 # the size of the request body), so memory stays bounded: ~32 bodies.
@@ -127,10 +141,10 @@ class PromptSnapshot:
 
     @classmethod
     def of(cls, body: dict, api: Api, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
-        messages = normalize.conversation(body, api) or []
+        messages = conversation(body, api) or []
         empty = any(isinstance(m, dict) and m.get("role") == "system" and m.get("content") in ("", []) for m in messages)
         return cls(api, prompt_order(body, api), lane_signature(body, api, headers), session_of(headers), empty,
-                   normalize.agent_mode(body, api), told_compaction(headers), frozenset(normalize.late_tool_names(body, api)))
+                   agent_mode(body, api), told_compaction(headers), frozenset(late_tool_names(body, api)))
 
 
 @dataclass(frozen=True)
@@ -226,8 +240,8 @@ def rule_note(rule: str, *, applied: bool) -> str:
     """`billing header; stripped` for a break a rule removed; `billing header;
     strip_billing_header off` for one that reached the backend (the rule's
     subject got through, so its option must have been off)."""
-    label, done, option = RULE_LABEL[rule]
-    return f"{label}; {done}" if applied else f"{label}; {option} off"
+    record = rules.rule_named(rule)
+    return f"{record.label}; {record.done}" if applied else f"{record.label}; {record.option.name} off"
 
 
 def untouched_segments(client: PromptSnapshot, changes: list[Change]) -> dict[str, Segment]:
@@ -235,12 +249,14 @@ def untouched_segments(client: PromptSnapshot, changes: list[Change]) -> dict[st
     Conservative: a change anywhere in `system` or `tools` counts for all of
     it (blocks may have been removed or reordered); on the OpenAI path a
     change to any message counts for all messages (one may have been
-    removed, and on the Responses path too); moving initial context shifts
-    every message up to the last one moved."""
+    removed, and on the Responses path too); a rule that moves messages
+    (`Rule.moves_messages`: the initial context) shifts every message up to
+    the last one it moved."""
     key = CONVERSATION_KEY[client.api]
     touched = {change.path.split("[", 1)[0].split(".", 1)[0] for change in changes if not change.path.startswith(f"{key}[")}
-    touched_messages = {_path_index(change.path) for change in changes if change.path.startswith(f"{key}[")}
-    moved = [_path_index(change.path) for change in changes if change.rule == normalize.INITIAL_CONTEXT]
+    touched_messages = {path_index(change.path) for change in changes if change.path.startswith(f"{key}[")}
+    moving = {rule.name for rule in rules.RULES if rule.moves_messages}
+    moved = [path_index(change.path) for change in changes if change.rule in moving]
     if moved:
         touched_messages |= set(range(max(moved) + 1))
     if client.api != "anthropic" and touched_messages:
@@ -248,115 +264,50 @@ def untouched_segments(client: PromptSnapshot, changes: list[Change]) -> dict[st
 
     def untouched(path: str) -> bool:
         top = path.split("[", 1)[0]
-        return top not in touched and not (top == key and "[" in path and _path_index(path) in touched_messages)
+        return top not in touched and not (top == key and "[" in path and path_index(path) in touched_messages)
 
     return {segment.path: segment for segment in client.order.segments if untouched(segment.path)}
 
 
-def _path_index(path: str) -> int:
-    """`messages[12].content` -> 12."""
-    return int(path[path.index("[") + 1 : path.index("]")])
-
-
 def explain(previous: PromptOrder, current: PromptOrder, divergence: Divergence, api: Api) -> str | None:
-    """The rule whose subject sits where two prompt orders first differ, or None."""
-    index = divergence.segment_index
-    pair = [(order, order.segments[index]) for order in (previous, current) if index < len(order.segments)]
-    for _, segment in pair:
-        if _is_system_text(segment):
-            offset = min(divergence.offset_in_segment, max(len(segment.data) - 1, 0))
-            rule = normalize.rule_for_line(line_at(segment, offset))
-            if rule:
-                return rule
-            if _in_git_status(segment, offset):
-                return GIT_STATUS
-            if _in_conversation_context(segment, offset):
-                return CONVERSATION_CONTEXT
-    if any(_is_mid_conversation_system_message(order, segment, api) for order, segment in pair):
-        return SYSTEM_MESSAGES
-    if _holds_turn_reminder(pair[0][1]):
-        return TURN_REMINDERS
-    if any(segment.path.startswith("tools[") for _, segment in pair):
-        before, after = _tool_names(previous), _tool_names(current)
-        if before != after and sorted(before) == sorted(after):
-            return TOOL_ORDER
-        if set(after) - set(before) and set(after) - set(before) <= _loaded_tools(current, api):
-            return LOADED_TOOLS
+    """The rule whose subject sits where two prompt orders first differ, or None.
+
+    Every rule is asked, in `rules.RULES` order, as `rules/base.py` says: in
+    each prompt's system text where they part (the previous one's first),
+    whether that line is its subject, then whether that byte lies in its
+    subject; then, place by place, of the whole break."""
+    at = Break(previous, current, divergence, api)
+    for text in at.system_texts():
+        line = text.line
+        for rule in rules.RULES:
+            if rule.line is not None and rule.line(line):
+                return rule.name
+        for rule in rules.RULES:
+            if rule.spans is not None and any(text.holds(start, end) for start, end in rule.spans(text.text)):
+                return rule.name
+    for place in Place:
+        for rule in rules.RULES:
+            if rule.at_break is not None and rule.at_break.place is place and rule.at_break.finds(at):
+                return rule.name
     return None
 
 
-def _in_git_status(segment: Segment, offset: int) -> bool:
-    text = segment.data.decode("utf-8", "replace")
-    start = normalize.git_status_start(text)
-    return start is not None and offset >= len(text[:start].encode("utf-8", "surrogatepass"))
+def rule_for_line(line: str) -> str | None:
+    """The rule whose subject a line of system text is, if any (what `explain` asks first)."""
+    return next((rule.name for rule in rules.RULES if rule.line is not None and rule.line(line)), None)
 
 
-def _in_conversation_context(segment: Segment, offset: int) -> bool:
-    text = segment.data.decode("utf-8", "replace")
-    return any(len(text[:start].encode("utf-8", "surrogatepass")) <= offset < len(text[:end].encode("utf-8", "surrogatepass"))
-               for start, end, _ in normalize.conversation_context_spans(text))
+def is_environment_line(line: str) -> bool:
+    """A line naming the working directory, platform, model or date."""
+    return bool(_ENVIRONMENT_LINE.search(line))
 
 
-def _holds_turn_reminder(segment: Segment) -> bool:
-    """A user message with a turn reminder in it (`normalize.turn_reminder_name`)."""
-    value = segment.value
-    if not (_message_index(segment) is not None and isinstance(value, dict) and value.get("role") == "user"):
-        return False
-    return isinstance(value.get("content"), list) and any(normalize.turn_reminder_name(part) for part in value["content"])
-
-
-def _loaded_tools(order: PromptOrder, api: Api) -> set[str]:
-    """Deferred tools of a prompt that a tool_reference in it loaded."""
-    body = _body_of(order)
-    return normalize.deferred_tool_names(body, api) & normalize.tool_reference_names(body, api)
-
-
-def _body_of(order: PromptOrder) -> dict:
-    """The tools and messages of a prompt order, as a body (canonical values)."""
-    tools = [s.value for s in order.segments if s.path.startswith("tools[")]
-    messages = [s.value for s in sorted((s for s in order.segments if s.path.startswith("messages[")), key=lambda s: _path_index(s.path))]
-    return {"tools": tools, "messages": messages}
-
-
-def _message_index(segment: Segment) -> int | None:
-    """The index of a message (Responses: input item) segment, else None."""
-    return _path_index(segment.path) if segment.path.startswith(("messages[", "input[")) else None
-
-
-def _is_mid_conversation_system_message(order: PromptOrder, segment: Segment, api: Api) -> bool:
-    """A system message the system_messages rule rewrites: any inside an
-    Anthropic `messages`; on the OpenAI and Responses paths only those after
-    the first non-system message (the leading ones are the system prompt
-    itself). Responses' `developer` items count as system messages."""
-    index = _message_index(segment)
-    if index is None or not (isinstance(segment.value, dict) and segment.value.get("role") in HOISTED_ROLES[api]):
-        return False
-    if api == "anthropic":
-        return True
-    conversation = [_message_index(s) for s in order.segments if _message_index(s) is not None and not _is_system_text(s)]
-    return bool(conversation) and index > min(conversation)
-
-
-def _has_system_role(value: object) -> bool:
-    # A message may be any JSON value in a body a client got wrong: only a dict has a role.
-    return isinstance(value, dict) and value.get("role") in responses_input.SYSTEM_ROLES
-
-
-def _is_system_text(segment: Segment) -> bool:
-    return segment.path.startswith(("system", "instructions")) or _has_system_role(segment.value)
-
-
-def _tool_names(order: PromptOrder) -> list[str]:
-    return [normalize.tool_names({"tools": [s.value]})[0] for s in order.segments if s.path.startswith("tools[")]
-
-
-def _gained_tools(previous: PromptOrder, current: PromptOrder, divergence: Divergence) -> set[str] | None:
+def _gained_tools(at: Break) -> set[str] | None:
     """The tools the current prompt has and the previous lacks, when they first differ in `tools`
     and it gained some; None otherwise."""
-    if not any(order.segments[divergence.segment_index].path.startswith("tools[") for order in (previous, current)
-               if divergence.segment_index < len(order.segments)):
+    if not at.in_tools:
         return None
-    gained = set(_tool_names(current)) - set(_tool_names(previous))
+    gained = set(tool_names(at.current)) - set(tool_names(at.previous))
     return gained or None
 
 
@@ -364,7 +315,7 @@ def _in_conversation(previous: PromptOrder, divergence: Divergence) -> bool:
     """The break lies in one of the previous request's messages (not in system text or tools)."""
     segments = previous.segments
     index = divergence.segment_index
-    return index < len(segments) and _message_index(segments[index]) is not None and not _is_system_text(segments[index])
+    return index < len(segments) and message_index(segments[index]) is not None and not is_system_text(segments[index])
 
 
 def _restarts_conversation(previous: PromptOrder, divergence: Divergence) -> bool:
@@ -381,7 +332,7 @@ def _goes_on(previous: PromptOrder, current: PromptOrder) -> bool:
     where the previous prompt had one."""
     def opening(order: PromptOrder) -> tuple[str | None, Any]:
         answer = next((s.value for s in order.segments if isinstance(s.value, dict) and s.value.get("role") == "assistant"), None)
-        return first_prompt_digest(_body_of(order)), answer
+        return first_prompt_digest(as_body(order)), answer
     (before_prompt, before_answer), (prompt, answer) = opening(previous), opening(current)
     return before_prompt is not None and prompt == before_prompt and answer is not None and before_answer in (None, answer)
 
@@ -506,10 +457,10 @@ class PrefixDiagnosis:
             return SERVER_HISTORY
         if client.compaction is not None:
             return COMPACTION  # the client says so: no guess needed
-        gained = _gained_tools(state.forwarded, forwarded, divergence) if client.late_tools else None
+        gained = _gained_tools(Break(state.forwarded, forwarded, divergence, client.api)) if client.late_tools else None
         if gained is not None and gained <= client.late_tools:
             return LATE_TOOL_CHANGE
-        if any(normalize.is_environment_line(line) for line in _changed_lines(state.forwarded, forwarded, divergence)):
+        if any(is_environment_line(line) for line in _changed_lines(state.forwarded, forwarded, divergence)):
             return ENVIRONMENT
         if client.empty_system_message and not state.empty_system_message:
             return COMPACTION  # wherever it broke: a tool loaded before may have moved too
@@ -582,9 +533,10 @@ class PrefixDiagnosis:
 def _summary_tail(total: dict) -> str:
     tail = ""
     if total["compared"]:
+        ratio = total["stable_prefix_ratio"]  # None when the lane's prompts held no bytes at all
         tail += (
             f" · prefix kept {total['prefix_kept']}/{total['compared']}"
-            f" · {total['stable_prefix_bytes']:,}/{total['total_bytes']:,} B stable ({total['stable_prefix_ratio']:.1%})"
+            f" · {total['stable_prefix_bytes']:,}/{total['total_bytes']:,} B stable" + (f" ({ratio:.1%})" if ratio is not None else "")
         )
     if total["breaks"]:
         tail += " · breaks: " + ", ".join(f"{cause} ×{count}" for cause, count in sorted(total["breaks"].items()))

@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 OPTION = "answer_engine_failures"
 Protocol = Literal["anthropic", "openai", "responses"]
-# Which wire format a path speaks: wider than normalize.api_for, which names
+# Which wire format a path speaks: wider than request_shape.api_for, which names
 # only the paths the rules rewrite (count_tokens and /v1/models fail too).
 _ROUTES: tuple[tuple[Callable[[str], bool], Protocol], ...] = (
     (lambda route: "/v1/messages" in route, "anthropic"),
@@ -106,6 +106,14 @@ def answer(request: http.Request | None, response: http.Response | None, status:
     if response is None:
         return not_forwarded(request, protocol, status, reason)
     return broken_off(request, response, protocol, reason)
+
+
+def declare_option(loader) -> None:
+    loader.add_option(
+        OPTION, bool, True,
+        "When the engine cannot be reached, answer with a 502 JSON error in the request's protocol; when it breaks off "
+        "a streamed answer, end the stream with the protocol's SSE error event (mitmproxy: an HTML page, a cut stream).",
+    )
 
 
 def _enabled() -> bool:

@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from mitmproxy import http
+from mitmproxy import exceptions, http
 
 from stable_prefix.addons import engine_errors
 from stable_prefix.addons.request_body import LeftAlone, is_anthropic_host, read_json_body, write_json_body
@@ -55,6 +55,24 @@ class Engine:
     @property
     def url(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
+
+
+def declare_option(loader) -> None:
+    loader.add_option(
+        OPTION, str, "",
+        "As a forward proxy (--mode regular, the client's HTTPS_PROXY, no ANTHROPIC_BASE_URL): send every request for "
+        "Anthropic's hosts to this engine instead (e.g. http://127.0.0.1:8000), with message threads kept off; nothing "
+        "reaches Anthropic. Empty: requests to Anthropic's hosts pass through untouched.",
+    )
+
+
+def engine_from_options(options) -> Engine | None:
+    """The engine the option names, or None; raises OptionsError naming a bad value."""
+    value = getattr(options, OPTION)
+    try:
+        return parse_engine(value)
+    except ValueError as error:
+        raise exceptions.OptionsError(f"{OPTION}={value!r}: {error}") from error
 
 
 def parse_engine(value: str) -> Engine | None:

@@ -9,9 +9,10 @@ sub-agent call must not count as a break of the main lane.
 A lane is identified by its signature: the sorted tool names (deferred tools
 that ToolSearch loads mid-conversation left out, and tools a late tool change
 adds) and the opening (first
-`OPENING_CHARS` characters) of each system text piece, with billing and date
-lines, a git status paragraph and conversation context (normalize's
-`conversation_context_spans`) left out. The opening is what a `/clear`
+`OPENING_CHARS` characters) of each system text piece, with every rule's
+subject left out, whether the rule is on or not (`rules.without_subjects`,
+`rules.is_subject_line`: billing and date lines, a git status paragraph,
+conversation context). The opening is what a `/clear`
 leaves unchanged, so a new conversation of the same agent stays in its lane,
 and its break shows. A subagent instance (instances of one type run
 concurrently) gets a lane of its own, `<type lane>@<instance>`, grouped under
@@ -80,19 +81,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stable_prefix.addons.normalize import (
-    Api,
-    conversation,
-    deferred_tool_names,
-    git_status_start,
-    is_billing_line,
-    is_date_line,
-    late_tool_names,
-    system_texts,
-    tool_names,
-    without_conversation_context,
-)
+from stable_prefix.addons import rules
 from stable_prefix.addons.prompt_order import canonical_json, canonical_value
+from stable_prefix.addons.request_shape import Api, conversation, system_texts, tool_names
+from stable_prefix.addons.rules.billing_header import is_billing_line
+from stable_prefix.addons.rules.loaded_tools import deferred_tool_names
+from stable_prefix.addons.rules.system_messages import late_tool_names
 
 OPENING_CHARS = 256
 INSTANCE_CHARS = 8
@@ -113,7 +107,7 @@ _NAME_WORD = re.compile(r"[A-Za-z0-9_.:-]{1,40}")
 
 @dataclass(frozen=True)
 class Agent:
-    """How one coding agent's requests name their conversation and subagents."""
+    """How one coding agent's requests name their conversation and subagents, and how it takes a cut stream."""
 
     name: str
     user_agent: str  # how its User-Agent header starts
@@ -124,6 +118,9 @@ class Agent:
     instance_by_first_prompt: bool = False  # no header does: its first prompt names the instance
     random_ids: bool = False  # its instance ids are random from the first character (else they are hashed for a name)
     identifying_header: str | None = None  # its User-Agent is shared with other clients: this header must be there too
+    # It sends a request again when its stream ends with the protocol's error event (measured with each CLI,
+    # bench/probes/agent_cuts.py); Qwen Code and Pi lose the turn to one, and send it again only after a silent cut.
+    resends_after_error_event: bool = True
 
     def sent(self, headers: Mapping[str, str] | None) -> bool:
         """Whether a request with these headers is this agent's."""
@@ -147,10 +144,10 @@ class Agent:
 CLAUDE_CODE = Agent("Claude Code", "claude-cli/", frozenset({"Task", "Agent"}), SESSION_ID_HEADER, AGENT_ID_HEADER, AGENT_ID_HEADER,
                     random_ids=True)
 OPENCODE = Agent("opencode", "opencode/", frozenset({"task"}), "x-session-id", "x-parent-session-id", "x-session-id")
-QWEN_CODE = Agent("Qwen Code", "QwenCode/", frozenset({"agent"}), instance_by_first_prompt=True)
+QWEN_CODE = Agent("Qwen Code", "QwenCode/", frozenset({"agent"}), instance_by_first_prompt=True, resends_after_error_event=False)
 # `codex_exec/0.171.0 (...)` from `codex exec`; the other front ends' originators start with `codex_` too.
 CODEX = Agent("Codex CLI", "codex_", frozenset(), "session-id")
-PI = Agent("Pi", "OpenAI/JS", frozenset(), "session_id", identifying_header="session_id")
+PI = Agent("Pi", "OpenAI/JS", frozenset(), "session_id", identifying_header="session_id", resends_after_error_event=False)
 AGENTS = (CLAUDE_CODE, OPENCODE, QWEN_CODE, CODEX, PI)
 AGENT_TOOLS = frozenset().union(*(agent.subagent_tools for agent in AGENTS))
 _SUBAGENT_FIELD = re.compile(r"\bcc_is_subagent=true\b")
@@ -232,16 +229,14 @@ def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = Non
     agent_id = agent.instance(headers)
     says_subagent = agent_id is not None
     for text in system_texts(body, api):
-        git_status = git_status_start(text)
-        text = text if git_status is None else text[:git_status].rstrip("\n")  # as relocate_git_status leaves it
-        text = without_conversation_context(text)  # a date, a working directory: not the lane
+        text = rules.without_subjects(text)  # a git status, a date, a working directory: not the lane
         if "cc_is_subagent=true" in text:
             says_subagent = says_subagent or any(is_billing_line(line) and _SUBAGENT_FIELD.search(line) for line in text.splitlines())
         kept, size = [], 0
         for line in text.splitlines():
             if size > OPENING_CHARS:
                 break  # the rest of a long prompt is not looked at
-            if not (is_billing_line(line) or is_date_line(line)):
+            if not rules.is_subject_line(line):
                 kept.append(line)
                 size += len(line) + 1
         if kept:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stable_prefix.addons import responses_input
-from stable_prefix.addons.normalize import Api
+from stable_prefix.addons.request_shape import Api, tool_name
 from stable_prefix.addons.responses_input import TEXT_PART_TYPES
 
 SEGMENT_END = b"\n"
@@ -235,6 +235,35 @@ def compare(previous: PromptOrder, current: PromptOrder) -> Comparison:
             index = len(current.segments)
             divergence = Divergence(previous.segments[index].path, stable, index, 0)
     return Comparison(stable, current.total_bytes, previous.total_bytes, divergence)
+
+
+def path_index(path: str) -> int:
+    """`messages[12].content` -> 12."""
+    return int(path[path.index("[") + 1 : path.index("]")])
+
+
+def message_index(segment: Segment) -> int | None:
+    """The index of a message (Responses: input item) segment, else None."""
+    return path_index(segment.path) if segment.path.startswith(("messages[", "input[")) else None
+
+
+def is_system_text(segment: Segment) -> bool:
+    """A segment of the system text: the system prompt, or a system (developer) message the server hoists."""
+    # A message may be any JSON value in a body a client got wrong: only a dict has a role.
+    value = segment.value
+    return segment.path.startswith(("system", "instructions")) or (isinstance(value, dict) and value.get("role") in responses_input.SYSTEM_ROLES)
+
+
+def tool_names(order: PromptOrder) -> list[str]:
+    """The names of a prompt's tools, in their order."""
+    return [tool_name(segment.value) for segment in order.segments if segment.path.startswith("tools[")]
+
+
+def as_body(order: PromptOrder) -> dict:
+    """The tools and messages of a prompt order, as a body (canonical values)."""
+    tools = [s.value for s in order.segments if s.path.startswith("tools[")]
+    messages = [s.value for s in sorted((s for s in order.segments if s.path.startswith("messages[")), key=lambda s: path_index(s.path))]
+    return {"tools": tools, "messages": messages}
 
 
 def line_at(segment: Segment, offset: int) -> str:

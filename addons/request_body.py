@@ -33,7 +33,8 @@ from mitmproxy import http
 
 from stable_prefix.addons import normalize, responses_input
 from stable_prefix.addons.diagnosis import PromptSnapshot
-from stable_prefix.addons.normalize import Api, api_for
+from stable_prefix.addons.request_shape import Api, api_for
+from stable_prefix.addons.rules.base import Change
 
 logger = logging.getLogger(__name__)
 
@@ -185,10 +186,10 @@ def write_json_body(request: http.Request, body: dict) -> None:
 
 @dataclass(frozen=True)
 class NormalizedRequest:
-    api: normalize.Api
+    api: Api
     client_body: bytes  # as the client sent it (content-encoding undone)
     body: dict  # as forwarded
-    changes: list[normalize.Change]
+    changes: list[Change]
 
     def client_snapshot(self, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
         """The client's prompt, for the diagnosis (parsed again from the bytes

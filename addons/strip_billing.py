@@ -4,10 +4,11 @@
         --set upstream_model=<served model name> --set max_tokens_cap=8192
 
 For `POST /v1/messages`, `POST /v1/chat/completions` and `POST /v1/responses`
-it applies the rules of `normalize.py` (billing header out, git status,
-initial and conversation context moved behind the tools, turn reminders
-pinned, system and developer messages rewritten, loaded tools inlined, model
-name mapped, max_tokens capped), and puts a one-line prefix diagnosis per
+it applies the rules (`rules/`, one module each: billing header out, git
+status, initial and conversation context moved behind the tools, turn
+reminders pinned, system and developer messages rewritten, loaded tools
+inlined) and what the server needs (`server_compat.py`: model name mapped,
+max_tokens capped; `router_compat.py`), through `normalize.py`, and puts a one-line prefix diagnosis per
 request into the log and into `flow.comment` (marking the flow when the prefix
 broke). The diagnosis is made once the request has left, when the upstream
 answers (or fails), so it costs the request no latency: the engine is busy
@@ -15,7 +16,9 @@ prefilling by then. Anthropic's own hosts, other paths, and bodies it cannot rea
 through byte for byte; as a forward proxy with `anthropic_engine` set, Anthropic's
 hosts are answered by the engine instead (`forward_proxy.py`). Server-sent events are streamed, not buffered. When the
 engine cannot be reached or breaks off a stream, the client gets an error in
-its protocol's shape (`engine_errors.py`). For the Responses API it follows each
+its protocol's shape (`engine_errors.py`), unless the stream is a chat
+completion, which the proxy completes (`stream_recovery.py`, its own addon in
+this script). For the Responses API it follows each
 answer as it passes (its id and output items), so that a later request
 continuing it (`previous_response_id`) is diagnosed with the history the server
 puts in front of it (`response_chains.py`).
@@ -26,7 +29,10 @@ Conventions for the addons in this folder:
   setup` installs into the venv (editable).
 - Hooks are small; the logic lives in plain functions tested directly.
 - Options are declared in `load()`, parsed in `configure()`; a bad value raises
-  OptionsError naming the option and the value.
+  OptionsError naming the option and the value. Each is written beside the
+  code that reads it: a rule's in its record (`rules/`), the others in their
+  modules (`server_compat.OPTIONS`, `engine_errors.declare_option`, ...); this
+  script declares the rest.
 - What this addon learned about a flow is in `flow.metadata["stable_prefix"]`
   (`request_body.FLOW_NOTES`): api, client_body (bytes as sent), changes,
   lane, diagnosis (JSON); `capture.py` reads it.
@@ -41,12 +47,13 @@ import re
 
 from mitmproxy import ctx, exceptions, http
 
-from stable_prefix.addons import engine_errors, exposure, forward_proxy, normalize
+from stable_prefix.addons import engine_errors, exposure, forward_proxy, normalize, router_compat, rules, server_compat
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.lanes import ROUTING_KEY_SCOPES, routing_key
 from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadItems, client_headers, normalize_request
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream
+from stable_prefix.addons.stream_recovery import StreamRecovery
 
 logger = logging.getLogger(__name__)
 
@@ -71,28 +78,9 @@ def prepend_comment(flow: http.HTTPFlow, line: str) -> None:
 
 def rules_from_options(options) -> normalize.Rules:
     """The rules as the options set them; raises OptionsError naming a bad value."""
-    try:
-        model_map = normalize.parse_model_map(options.model_map)
-    except ValueError as error:
-        raise exceptions.OptionsError(f"model_map={options.model_map!r}: {error}") from error
-    if options.upstream_model.strip():
-        model_map += (("*", options.upstream_model.strip()),)  # after the patterns: they win
-    if options.max_tokens_cap < 0:
-        raise exceptions.OptionsError(f"max_tokens_cap={options.max_tokens_cap}: must be 0 (no cap) or a positive number of tokens")
-    return normalize.Rules(
-        strip_billing_header=options.strip_billing_header,
-        rewrite_system_messages=options.rewrite_system_messages,
-        relocate_git_status=options.relocate_git_status,
-        lead_with_stable_context=options.lead_with_stable_context,
-        inline_loaded_tools=options.inline_loaded_tools,
-        relocate_conversation_context=options.relocate_conversation_context,
-        pin_turn_reminders=options.pin_turn_reminders,
-        drop_date_line=options.drop_date_line,
-        sort_tools=options.sort_tools,
-        model_map=model_map,
-        max_tokens_cap=options.max_tokens_cap,
-        strict_router_body=options.strict_router_body,
-    )
+    switches = {rule.option.name: getattr(options, rule.option.name) for rule in rules.RULES}
+    return normalize.Rules(**switches, **server_compat.settings_from_options(options),
+                           strict_router_body=getattr(options, router_compat.OPTION.name))
 
 
 def routing_headers_from_option(value: str) -> tuple[str, ...]:
@@ -116,57 +104,8 @@ class StripBilling:
         self.answers: dict[str, EventStream] = {}
 
     def load(self, loader) -> None:
-        loader.add_option("strip_billing_header", bool, True, "Remove Claude Code's x-anthropic-billing-header from the system prompt.")
-        loader.add_option(
-            "rewrite_system_messages", bool, True, 'Rewrite role:"system" messages inside messages into user <system-reminder> messages, in place.'
-        )
-        loader.add_option(
-            "relocate_git_status",
-            bool,
-            True,
-            "Move a git status paragraph (a line starting 'gitStatus:' to the end of its block) from the system prompt "
-            "into a <system-reminder> at the start of the first user message.",
-        )
-        loader.add_option(
-            "lead_with_stable_context",
-            bool,
-            True,
-            'Move role:"system" messages that come before any assistant message (initial context, e.g. the environment) '
-            "to just before the first user message, as user <system-reminder> messages.",
-        )
-        loader.add_option(
-            "inline_loaded_tools",
-            bool,
-            True,
-            "Take a deferred tool that a tool_reference loaded (ToolSearch) out of tools and write its schema into the "
-            "tool result that loaded it, so tools stays what the conversation started with.",
-        )
-        loader.add_option(
-            "relocate_conversation_context",
-            bool,
-            True,
-            "Move system-prompt text that changes between conversations (opencode's Today's date line, Qwen Code's git "
-            "snapshot and memory section) and Qwen Code's startup context into the first user message, after the "
-            "reminders it starts with.",
-        )
-        loader.add_option(
-            "pin_turn_reminders",
-            bool,
-            True,
-            "Move a reminder the agent puts on its newest user message for one request only (Qwen Code's current date, "
-            "opencode's plan-mode and switch-to-build reminders) to the first user message, after the reminders it starts with.",
-        )
-        loader.add_option("drop_date_line", bool, False, "Remove a \"Today's date is ...\" line from the system prompt.")
-        loader.add_option("sort_tools", bool, False, "Sort the tool definitions by name.")
-        loader.add_option("upstream_model", str, "", "Send every request with this model name (the name the server serves).")
-        loader.add_option(
-            "model_map",
-            str,
-            "",
-            "Map requested model names: comma-separated pattern=name pairs, shell patterns, first match wins, "
-            "e.g. 'claude-*haiku*=small-model,claude-*=big-model'. Checked before upstream_model.",
-        )
-        loader.add_option("max_tokens_cap", int, 0, "Lower max_tokens (and max_completion_tokens) to at most this; 0: no cap.")
+        for option in (*(rule.option for rule in rules.RULES), *server_compat.OPTIONS, router_compat.OPTION):
+            option.declare(loader)
         loader.add_option("prefix_diagnosis", bool, True, "Log a prefix diagnosis per request and put it in flow.comment.")
         loader.add_option(
             "lane_routing_header", str, "",
@@ -179,45 +118,27 @@ class StripBilling:
             "What the routing key names: head (system, tools and leading context: all lanes of a user, project and day "
             "that share a head, a fan-out's instances together) or lane (each subagent instance a key of its own).",
         )
-        loader.add_option(
-            "strict_router_body", bool, False,
-            "Make bodies what a router with a strict schema (smg) accepts, dropping only fields vllm-mlx ignores: "
-            "an Anthropic message's fields besides role and content (Claude Code's output_config), thinking whose "
-            "budget_tokens is not below max_tokens, a Responses request's fields smg refuses and the engine ignores (Codex's "
-            "client_metadata); a Responses request without temperature gets the engine's default (smg would set 1.0). Each drop is logged. For a team's proxy before smg; off: bodies as the rules leave them.",
-        )
-        loader.add_option(
-            engine_errors.OPTION, bool, True,
-            "When the engine cannot be reached, answer with a 502 JSON error in the request's protocol; when it breaks off "
-            "a streamed answer, end the stream with the protocol's SSE error event (mitmproxy: an HTML page, a cut stream).",
-        )
-        loader.add_option(
-            forward_proxy.OPTION, str, "",
-            "As a forward proxy (--mode regular, the client's HTTPS_PROXY, no ANTHROPIC_BASE_URL): send every request for "
-            "Anthropic's hosts to this engine instead (e.g. http://127.0.0.1:8000), with message threads kept off; nothing "
-            "reaches Anthropic. Empty: requests to Anthropic's hosts pass through untouched.",
-        )
+        engine_errors.declare_option(loader)
+        forward_proxy.declare_option(loader)
         exposure.declare_option(loader)
         engine_errors.install()
 
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
         self.diagnosis.rules = self.rules
-        try:
-            self.anthropic_engine = forward_proxy.parse_engine(getattr(ctx.options, forward_proxy.OPTION))
-        except ValueError as error:
-            raise exceptions.OptionsError(f"{forward_proxy.OPTION}={getattr(ctx.options, forward_proxy.OPTION)!r}: {error}") from error
+        self.anthropic_engine = forward_proxy.engine_from_options(ctx.options)
         self.routing_headers = routing_headers_from_option(ctx.options.lane_routing_header)
         if ctx.options.routing_key_scope not in ROUTING_KEY_SCOPES:
             raise exceptions.OptionsError(f"routing_key_scope={ctx.options.routing_key_scope!r}: not one of {', '.join(ROUTING_KEY_SCOPES)}")
+        if getattr(ctx.options, engine_errors.OPTION) and getattr(ctx.options, "connection_strategy", None) == "eager":
+            # Eagerly, a client that connects while the engine is down is cut off before it sends a request,
+            # so there is nothing to answer; lazily, the request comes first and gets its 502. Set here, before
+            # the proxy listens (in `running` a client could connect while it was still eager).
+            ctx.options.update(connection_strategy="lazy")
+            logger.info(f"connection_strategy=lazy: a request while the engine is down gets an answer ({engine_errors.OPTION})")
 
     def running(self) -> None:
         exposure.warn_if_exposed(ctx.options)
-        if getattr(ctx.options, engine_errors.OPTION) and getattr(ctx.options, "connection_strategy", None) == "eager":
-            # Eagerly, a client that connects while the engine is down is cut off before it sends a request,
-            # so there is nothing to answer; lazily, the request comes first and gets its 502.
-            ctx.options.update(connection_strategy="lazy")
-            logger.info(f"connection_strategy=lazy: a request while the engine is down gets an answer ({engine_errors.OPTION})")
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
@@ -236,9 +157,9 @@ class StripBilling:
         if result.changes:
             append_comment(flow, "normalized: " + "; ".join(notes["changes"]))
         flow.metadata[FLOW_NOTES] = notes
-        strict = [change for change in result.changes if change.rule == normalize.STRICT_ROUTER]
+        strict = [change for change in result.changes if change.rule == router_compat.STRICT_ROUTER]
         if strict:
-            logger.info("strict_router_body: " + "; ".join(map(str, strict)))
+            logger.info(f"{router_compat.OPTION.name}: " + "; ".join(map(str, strict)))
         if self.routing_headers:
             key = routing_key(result.body, result.api, flow.request.headers, ctx.options.routing_key_scope)
             # The diagnosis reads the client's own headers (opencode names its sessions in x-session-id).
@@ -309,4 +230,5 @@ class StripBilling:
             logger.info(line)
 
 
-addons = [StripBilling()]
+# StreamRecovery after StripBilling: it follows the streams StripBilling turned on, and wraps what engine_errors installs.
+addons = [StripBilling(), StreamRecovery()]

@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterable
 
 from mitmproxy import ctx, exceptions, http
 
-from stable_prefix.addons import normalize, toolcall_anthropic, toolcall_openai
+from stable_prefix.addons import toolcall_anthropic, toolcall_openai
 from stable_prefix.addons.request_body import LeftAlone, api_of, read_json_body
+from stable_prefix.addons.rules.loaded_tools import inlined_tool_names
 from stable_prefix.addons.text_tool_calls import SYNTAXES
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def offered_tools(api: str, request: http.Request) -> frozenset[str]:
         return frozenset()
     module = toolcall_anthropic if api == "anthropic" else toolcall_openai
     offered = module.offered_tool_names(body)
-    return offered | normalize.inlined_tool_names(body, api) if offered else offered
+    return offered | inlined_tool_names(body, api) if offered else offered
 
 
 def parse_syntaxes(value: str) -> tuple[str, ...]:

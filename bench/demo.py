@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from stable_prefix.bench.metrics import Row, fan_out_wall_s, mark_cold_and_warm, reuse_efficiency, summarize
-from stable_prefix.bench.prompt_tokens import PromptRenderer
-from stable_prefix.bench.replay import Measured
+from stable_prefix.bench.clients.replay import Measured
+from stable_prefix.bench.clients.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started, stop_servers_on_sigterm
+from stable_prefix.bench.measure.metrics import Row, fan_out_wall_s, mark_cold_and_warm, reuse_efficiency, summarize
 from stable_prefix.bench.run import PromptViews, model_description, rows_for, view_of
-from stable_prefix.bench.session import generate_session
-from stable_prefix.bench.stack import PRODUCT, SERVED_MODEL_NAME, TOOL_CALL_PARSER, started, stop_servers_on_sigterm
-from stable_prefix.tools.servers import REPO_ROOT
+from stable_prefix.bench.workload.prompt_tokens import PromptRenderer
+from stable_prefix.bench.workload.session import generate_session
+from stable_prefix.servers import REPO_ROOT
 
 DEMO_SCALE = 0.2
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"

@@ -44,8 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stable_prefix.bench.stack import CONFIGURATIONS, RAPID_MLX_VERSION, SERVED_MODEL_NAME, started
-from stable_prefix.tools.servers import REPO_ROOT
+from stable_prefix.bench.clients.stack import CONFIGURATIONS, RAPID_MLX_VERSION, SERVED_MODEL_NAME, started
+from stable_prefix.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "smollm2-135m"
 DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "drafts"
@@ -303,7 +303,7 @@ def run(model_dir: Path, functions: int, out: Path, with_rapid: bool = True) -> 
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
-    from stable_prefix.bench.drafts_report import markdown
+    from stable_prefix.bench.measure.drafts_report import markdown
 
     (out / "latest.md").write_text(markdown(result))
     print(f"wrote {out / 'latest.json'} and {out / 'latest.md'}")
@@ -315,7 +315,7 @@ def turn_times(model_dir: Path, functions: int, rounds: int, out: Path) -> dict[
     alternating which goes first, each request's turn time paired; the median ratio with its 95% interval."""
     from transformers import AutoTokenizer
 
-    from stable_prefix.bench.metrics import median_confidence_interval
+    from stable_prefix.bench.measure.metrics import median_confidence_interval
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tasks = build_tasks(tokenizer, functions)

@@ -46,11 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stable_prefix.bench.replay import LogFollower, Measured, cache_stats
+from stable_prefix.bench.clients.replay import LogFollower, Measured, cache_stats
+from stable_prefix.bench.clients.stack import BATCHED_ANCHOR, PRODUCT, Configuration, cpu_description, started
+from stable_prefix.bench.measure.restart_report import markdown
 from stable_prefix.bench.run import model_description
-from stable_prefix.bench.session import MAIN_LANE, Request, generate_session
-from stable_prefix.bench.stack import BATCHED_ANCHOR, PRODUCT, Configuration, cpu_description, started
-from stable_prefix.tools.servers import REPO_ROOT
+from stable_prefix.bench.workload.session import MAIN_LANE, Request, generate_session
+from stable_prefix.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model"
 FULL_SCALE, QUICK_SCALE = 0.2, 0.04
@@ -206,10 +207,10 @@ def reusable_at_best(before: list[Request], scenarios: dict[str, list[Request]],
     length - 1: what an ideal cache that survives restarts could reuse."""
     import numpy as np
 
-    from stable_prefix.bench.prompt_tokens import PromptRenderer
+    from stable_prefix.bench.clients.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER
     from stable_prefix.bench.run import as_received
-    from stable_prefix.bench.stack import SERVED_MODEL_NAME, TOOL_CALL_PARSER
-    from stable_prefix.engine_patch.cache.prefix_cache import common_prefix_length
+    from stable_prefix.bench.workload.prompt_tokens import PromptRenderer
+    from stable_prefix.engine_patch.cache.prefix_index import common_prefix_length
 
     renderer = PromptRenderer(model_dir, SERVED_MODEL_NAME, TOOL_CALL_PARSER)
 
@@ -239,13 +240,12 @@ def _drop_page_cache(path: Path) -> bool:
 
 
 def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[str, Any]:
-    """Write and load a Qwen3-Coder-30B-A3B-shaped state of `gib` GiB through the disk tier."""
+    """Write and load a Qwen3-Coder-30B-A3B-shaped state of `gib` GiB through the disk tier (its blocks and manifest)."""
     import mlx.core as mx
     import numpy as np
     from mlx_lm.models.cache import KVCache
 
-    from stable_prefix.engine_patch.cache.cache_layers import snapshot, snapshot_nbytes
-    from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix
+    from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
     from stable_prefix.engine_patch.disk.disk_tier import DiskTier
     from stable_prefix.engine_patch.disk.model_identity import ModelIdentity
 
@@ -261,33 +261,35 @@ def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[st
         layer.update_and_fetch(keys, keys * 0.5)
         mx.eval(layer.keys, layer.values)
         live.append(layer)
-    layers, _ = snapshot(live)
-    del live
     token_ids = np.arange(tokens, dtype=np.int64) % 151_643
+    ram = PrefixCache(budget_bytes=2 * tokens * bytes_per_token)
+    ram.store(token_ids.tolist(), live)  # cut into blocks, as the engine keeps it
+    del live
+    entry = ram.newest_entry()
     owner = object()  # stands for the model: the state is synthetic, its identity too
     tier = DiskTier(directory, budget_bytes=8 * 2**30)
     tier.bind(owner, ModelIdentity("0" * 64, {"synthetic": "Qwen3-Coder-30B-A3B-shaped KV state"}))
-    entry = CachedPrefix(token_ids, layers, snapshot_nbytes(layers), tokens)
     started_at = time.perf_counter()
     tier.submit(owner, entry)
     submit_s = time.perf_counter() - started_at
     if not tier.flush(timeout=600) or tier.counters.writes != 1:
-        raise RuntimeError(f"the {gib} GiB snapshot was not written: {tier.counters.last_error}")
+        raise RuntimeError(f"the {gib} GiB state was not written: {tier.counters.last_error}")
     write_s = tier.counters.write_seconds
     file_bytes = tier.counters.bytes_written
-    (path,) = [p for p in directory.rglob("*.kv") if not p.name.startswith(".")]
+    paths = [p for p in directory.rglob("*.kv*") if not p.name.startswith(".")]
     loads: dict[str, list[float]] = {"page_cache": [], "device": []}
     for source in loads:
         for _ in range(repeats):
-            if source == "device" and not _drop_page_cache(path):
+            if source == "device" and not all(_drop_page_cache(path) for path in paths):
                 break
-            match = tier.longest_restorable_prefix(owner, token_ids, positional=False)
+            match = tier.longest_restorable_prefix(owner, np.append(token_ids, 0), positional=False)
             loaded = tier.load(match)
             if loaded is None:
-                raise RuntimeError(f"the snapshot did not load: {tier.counters.last_error}")
+                raise RuntimeError(f"the state did not load: {tier.counters.last_error}")
             loads[source].append(loaded.seconds)
             if source == "page_cache" and len(loads[source]) == 1:
-                exact = all(mx.array_equal(a, b).item() for a, b in zip(layers[-1].state, loaded.entry.layers[-1].state))
+                exact = all(mx.array_equal(a, b).item() for written, read in zip(entry.blocks, loaded.entry.blocks)
+                            for a, b in zip(written.block.arrays[-1], read.block.arrays[-1]))
             del loaded
             gc.collect()
     tier.close()
@@ -329,58 +331,6 @@ def headline(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
             "cold_ttft_s": cold["ttft_s"], "restored_ttft_s": restored["ttft_s"], "restored_over_cold": ratio,
             "restored_reused_tokens": restored["reused_tokens"], "cold_reused_tokens": cold["reused_tokens"],
             "tokens_from_disk": restored["tokens_from_disk"]}
-
-
-def _s(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f} s"
-
-
-def _n(value: int | None) -> str:
-    return "unknown" if value is None else f"{value:,}"
-
-
-def markdown(result: dict[str, Any]) -> str:
-    lines = [f"Restart scenario (`{result['command']}`, {result['generated_at']}, {result['duration_s']:.0f} s, {result['machine']}); "
-             f"model {result['model']} ({result['model_description']}); session scale {result['scale']}: {result['requests_before']} requests of the first "
-             "conversation, a restart, then either the interrupted conversation's next requests (resume) or a new "
-             "conversation's first requests; no warm-up request after a start.", ""]
-    lines += ["| configuration | shutdown | after the restart | first main request: prompt tokens | reusable at best | cold TTFT | restored TTFT | restored / cold | tokens reused (restored) | from disk |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for config in result["configurations"]:
-        for name in SCENARIOS:
-            head = config["headline"].get(name) or {}
-            ratio = head.get("restored_over_cold")
-            lines.append(f"| {config['title']} | {config['shutdown']} | {name.replace('_', ' ')} | {_n(head.get('prompt_tokens'))} | "
-                         f"{_n(head.get('reusable_at_best'))} | {_s(head.get('cold_ttft_s'))} | {_s(head.get('restored_ttft_s'))} | "
-                         f"{'n/a' if ratio is None else f'{ratio:.2f}x'} | {_n(head.get('restored_reused_tokens'))} | {_n(head.get('tokens_from_disk'))} |")
-    lines += ["", "Every request after a restart (reuse `unknown`: the server reports none):", "",
-              "| configuration | after the restart | request | lane | prompt | reusable at best | cold TTFT | restored TTFT | reused cold / restored | from disk |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for config in result["configurations"]:
-        for name in SCENARIOS:
-            for restored, cold in zip(config[name]["restored"], config[name]["cold"]):
-                lines.append(f"| {config['key']} | {name.replace('_', ' ')} | #{restored['index']} | {restored['lane']} | {_n(restored['prompt_tokens'])} | "
-                             f"{_n(restored.get('reusable_at_best'))} | {_s(cold['ttft_s'])} | {_s(restored['ttft_s'])} | "
-                             f"{_n(cold['reused_tokens'])} / {_n(restored['reused_tokens'])} | {_n(restored['tokens_from_disk'])} |")
-    throughput = result.get("throughput")
-    if throughput:
-        rate = throughput["load_gb_per_s"]
-        projection = throughput["projection"]
-        lines += ["", f"Restore throughput, {throughput['file_bytes'] / 2**30:.2f} GiB state in Qwen3-Coder-30B-A3B's layout "
-                  f"({throughput['tokens']:,} tokens x {throughput['layout']['bytes_per_token'] // 1024} KiB), through the disk tier's code "
-                  f"(best of {len(throughput['load_s']['page_cache'])}):", "",
-                  "| | seconds | GB/s |", "|---|---|---|",
-                  f"| write (writer thread: CRC, write, fsync, rename) | {throughput['write_s']:.2f} | {throughput['write_gb_per_s']:.2f} |",
-                  f"| load from the page cache (header, mx.load, CRC per tensor, layers) | {throughput['load_s_best']['page_cache']:.2f} | {rate['page_cache']:.2f} |"]
-        if rate["device"] is not None:
-            lines.append(f"| load from the device (page cache dropped for the file) | {throughput['load_s_best']['device']:.2f} | {rate['device']:.2f} |")
-        lines += ["", f"Time on the request path to queue the write: {throughput['submit_s'] * 1000:.1f} ms. Loaded state equal to the written one: "
-                  f"{throughput['loaded_state_equals_written']}.",
-                  f"Projection: a {projection['tokens']:,}-token Qwen3-Coder-30B-A3B prefix is {projection['bytes'] / 2**30:.2f} GiB; "
-                  f"reading it at {projection['assumed_ssd_gb_per_s']:.0f} GB/s (assumed for a Mac SSD) and then running the whole pipeline "
-                  f"at the {projection['pipeline_gb_per_s_measured_here']:.2f} GB/s measured here from the page cache, one after the other, "
-                  f"takes at most {projection['seconds']:.1f} s."]
-    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -30,15 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
-from stable_prefix.addons.normalize import Rules, api_for, normalize
-from stable_prefix.bench import prefill_reference, proxy_overhead, report
-from stable_prefix.bench.incontext_prefill import InContextPrefill
-from stable_prefix.bench.metrics import Row, mark_cold_and_warm, output_agreement, paired_fan_out_ratio, paired_ratio, summarize
-from stable_prefix.bench.openai_form import openai_body
-from stable_prefix.bench.prompt_tokens import MlxLmPromptRenderer, PromptRenderer, ideal_reusable_tokens
-from stable_prefix.bench.replay import GREEDY, PROXY_MAX_TOKENS_CAP, Measured, max_tokens_policy, steps
-from stable_prefix.bench.session import FAN_OUTS, FREE_FAN_OUT, MAIN_LANE, SHAPES, TODAYS_SHAPE, Request, generate_session
-from stable_prefix.bench.stack import (
+from stable_prefix.addons.normalize import Rules, normalize
+from stable_prefix.addons.request_shape import api_for
+from stable_prefix.bench.clients.replay import GREEDY, PROXY_MAX_TOKENS_CAP, Measured, max_tokens_policy, steps
+from stable_prefix.bench.clients.stack import (
     PRODUCT,
     SERVED_MODEL_NAME,
     STRONGEST_ANCHORS,
@@ -50,7 +45,14 @@ from stable_prefix.bench.stack import (
     started,
     stop_servers_on_sigterm,
 )
-from stable_prefix.tools.servers import REPO_ROOT
+from stable_prefix.bench.measure import report
+from stable_prefix.bench.measure.metrics import Row, mark_cold_and_warm, output_agreement, paired_fan_out_ratio, paired_ratio, summarize
+from stable_prefix.bench.probes import prefill_reference, proxy_overhead
+from stable_prefix.bench.probes.incontext_prefill import InContextPrefill
+from stable_prefix.bench.workload.openai_form import openai_body
+from stable_prefix.bench.workload.prompt_tokens import MlxLmPromptRenderer, PromptRenderer, ideal_reusable_tokens
+from stable_prefix.bench.workload.session import FAN_OUTS, FREE_FAN_OUT, MAIN_LANE, SHAPES, TODAYS_SHAPE, Request, generate_session
+from stable_prefix.servers import REPO_ROOT
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model-bench"
 DEFAULT_SCALE, QUICK_SCALE, FULL_SCALE = 0.2, 0.04, 1.0
@@ -78,7 +80,7 @@ def as_received(body: dict, behind_addon: bool) -> dict:
 
 def view_of(config: Configuration) -> tuple[str, bool] | None:
     """Which prompts a configuration's engine receives: its protocol, and whether the addon normalized
-    them; None for an engine whose rendering bench.prompt_tokens does not reproduce."""
+    them; None for an engine whose rendering bench.workload.prompt_tokens does not reproduce."""
     return (config.protocol, config.addon) if config.engine.rendered else None
 
 
@@ -157,7 +159,7 @@ def rows_for(
             "diagnosis": result.diagnosis,
             # Yardstick 1: the same number of tokens prefilled from nothing on this server.
             "cold_prefill_of_new_tokens_s": None if reused is None or prompt is None or not reference else prefill_reference.prefill_seconds(reference, prompt - reused),
-            # Yardstick 2 (bench.incontext_prefill): set after the replays where measured.
+            # Yardstick 2 (bench.probes.incontext_prefill): set after the replays where measured.
             "incontext_prefill_s": None,
         })
     return mark_cold_and_warm(rows)

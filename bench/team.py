@@ -4,12 +4,12 @@
     python -m stable_prefix.bench.team --quick        # fewer requests per user -> build/bench-team-quick/
     python -m stable_prefix.bench.team --configs key-haproxy,alone --users 3 --limit 8 --out /tmp/t
 
-Each user replays a Claude Code-shaped session of their own (`bench.session`, one seed per user:
+Each user replays a Claude Code-shaped session of their own (`bench.workload.session`, one seed per user:
 their own project, tools text and git status, so their heads differ) with its fan-out of three
 concurrent Explore instances, titles and a `/clear` into a new conversation. All users run at
 once, each through their own real `mitmdump` with our addons (the key on every request under
 `KEY_HEADER`), into two patched engines (the product's default engine mode) that share one
-`--prefix-cache-dir`, behind a real router (`tools/routers.py`):
+`--prefix-cache-dir`, behind a real router (`stable_prefix/routers.py`):
 
 - consistent hashing on our key (smg, HAProxy), with the head key (one key per lane head: a
   user's fan-out instances and new conversations stay where their head is) and with a per-lane
@@ -31,17 +31,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
 import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,11 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.addons.lanes import AGENT_ID_HEADER
-from stable_prefix.bench.metrics import Row, mark_cold_and_warm, paired_ratio, summarize
-from stable_prefix.bench.replay import Measured, Replayer, steps, warm_up
-from stable_prefix.bench.run import model_description
-from stable_prefix.bench.session import Request, generate_session
-from stable_prefix.bench.stack import (
+from stable_prefix.addons.stream_recovery import recovered_in_log
+from stable_prefix.bench.clients.agent_clients import CLIENTS, AgentClient, loss_kind
+from stable_prefix.bench.clients.replay import Measured, Replayer, steps, warm_up
+from stable_prefix.bench.clients.stack import (
     ADDON_SCRIPTS,
     PRODUCT,
     QUEUE_CONCURRENT_REQUESTS,
@@ -65,7 +67,10 @@ from stable_prefix.bench.stack import (
     proxy_options,
     stop_servers_on_sigterm,
 )
-from stable_prefix.tools.servers import REPO_ROOT, Server, free_port, http_ok, mitmdump_command, running
+from stable_prefix.bench.measure.metrics import Row, mark_cold_and_warm, paired_ratio, summarize
+from stable_prefix.bench.run import model_description
+from stable_prefix.bench.workload.session import Request, generate_session
+from stable_prefix.servers import REPO_ROOT, Server, free_port, http_ok, mitmdump_command, running
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model-bench"
 DEFAULT_OUT, QUICK_OUT = REPO_ROOT / "bench" / "results" / "team", REPO_ROOT / "build" / "bench-team-quick"
@@ -88,6 +93,11 @@ HEALTH_INTERVAL_S = 1.0
 # The failover: replica B is SIGKILLed once this share of all requests has been answered, and
 # started again (same port, same directory, no warm-up) once this share has.
 KILL_AT, RESTART_AT = 0.35, 0.6
+# Once KILL_AT is reached, the kill waits (at most KILL_WAIT_S) for replica B to be decoding a reply, so that a
+# stream is cut mid-reply (the others in flight where they are): read from its /v1/status.
+KILL_WAIT_S, KILL_AFTER_DECODED_TOKENS = 30.0, 2
+# HAProxy's bounded load: no replica takes more than this percent of the average load (its active requests).
+BOUNDED_LOAD_FACTOR = 150
 BALANCE_LIMIT, ALONE_LIMIT, ROUND_ROBIN_LIMIT, MOVED_REUSE_TARGET = 1.5, 1.05, 0.5, 0.90
 _PLANNED = re.compile(r"prefix cache (?:HIT|MISS): (\d+) prompt tokens, (\d+) reused")
 _DISK_LOAD = re.compile(r"disk cache: loaded (\d+) tokens")
@@ -97,11 +107,13 @@ _DISK_LOAD = re.compile(r"disk cache: loaded (\d+) tokens")
 class TeamConfiguration:
     key: str
     title: str
-    router: str | None  # a kind of tools/routers.py; None: the users' proxies go to one replica directly
+    router: str | None  # a kind of stable_prefix/routers.py; None: the users' proxies go to one replica directly
     policy: str = "key"  # key (consistent hashing on our key), round_robin, prefix (the router's prefix-text policy)
     key_scope: str = "head"  # head: one key per lane head; lane: one per lane (each subagent instance its own)
     failover: bool = False  # replica B is SIGKILLed mid-run and started again later
     shared_dir: bool = True  # the replicas share one --prefix-cache-dir (False: each its own)
+    client: str = "claude"  # every user's client behaves as this agent does (bench/clients/agent_clients.py): its protocol, its resends
+    balance_factor: int | None = None  # HAProxy's hash-balance-factor (bounded-load consistent hashing); None: unbounded
 
     @property
     def replicas(self) -> int:
@@ -117,11 +129,17 @@ CONFIGURATIONS = (
     TeamConfiguration("round-robin-own-dirs", "round-robin, smg, each replica its own --prefix-cache-dir", "smg", policy="round_robin", shared_dir=False),
     TeamConfiguration("prefix-smg", "smg's prefix-text policy (cache_aware)", "smg", policy="prefix"),
     TeamConfiguration("alone", "one replica alone, no router", None),
-    TeamConfiguration("failover-haproxy", "head key, HAProxy; replica B SIGKILLed mid-run, restarted later", "haproxy", failover=True),
+    TeamConfiguration("key-haproxy-bounded", f"consistent hashing on our head key, HAProxy, bounded load (hash-balance-factor {BOUNDED_LOAD_FACTOR})",
+                      "haproxy", balance_factor=BOUNDED_LOAD_FACTOR),
+    TeamConfiguration("failover-haproxy", "head key, HAProxy; replica B SIGKILLed mid-run, restarted later; users as Claude Code", "haproxy",
+                      failover=True),
+    *(TeamConfiguration(f"failover-{client.key}", f"the failover, users as {client.name} ({client.protocol})", "haproxy", failover=True, client=client.key)
+      for client in CLIENTS.values() if client.key != "claude"),
 )
 # Alone, the key and the failover first: the comparisons every target needs; the failover reads key-haproxy.
-DEFAULT_CONFIGS = "alone,key-haproxy,failover-haproxy,key-smg,lane-key-smg,round-robin,prefix-smg,round-robin-own-dirs"
-QUICK_CONFIGS = "alone,key-haproxy,round-robin,failover-haproxy"
+FAILOVER_CONFIGS = ",".join(["failover-haproxy", *(f"failover-{key}" for key in CLIENTS if key != "claude")])
+DEFAULT_CONFIGS = f"alone,key-haproxy,{FAILOVER_CONFIGS},key-haproxy-bounded,key-smg,lane-key-smg,round-robin,prefix-smg,round-robin-own-dirs"
+QUICK_CONFIGS = f"alone,key-haproxy,key-haproxy-bounded,key-smg,{FAILOVER_CONFIGS}"
 ALONE = "alone"
 
 
@@ -130,6 +148,13 @@ def configuration(key: str) -> TeamConfiguration:
         if candidate.key == key:
             return candidate
     raise ValueError(f"team configuration {key!r}: unknown; choose from {', '.join(c.key for c in CONFIGURATIONS)}")
+
+
+def with_balance_factor(config: TeamConfiguration, factor: int) -> TeamConfiguration:
+    """A bounded-load configuration with another factor than BOUNDED_LOAD_FACTOR (the others as they are)."""
+    if config.balance_factor is None or factor == config.balance_factor:
+        return config
+    return dataclasses.replace(config, balance_factor=factor, title=config.title.replace(str(config.balance_factor), str(factor)))
 
 
 def team_sessions(users: int, limit: int | None, scale: float = SCALE) -> dict[str, list[Request]]:
@@ -221,11 +246,11 @@ def team_stack(config: TeamConfiguration, users: list[str], model_dir: Path, log
         router = None
         upstream = replicas[0].url
         if config.router is not None:
-            from stable_prefix.tools.routers import running_router  # the routers' own harness (make routers)
+            from stable_prefix.routers import running_router  # the routers' own harness (make routers)
 
             router = stack.enter_context(
                 running_router(config.router, [replica.url for replica in replicas], policy=config.policy, key_header=KEY_HEADER,
-                               log_dir=log_dir, health_interval_s=HEALTH_INTERVAL_S)
+                               log_dir=log_dir, health_interval_s=HEALTH_INTERVAL_S, balance_factor=config.balance_factor)
             )
             upstream = router.url
         proxies = {}
@@ -259,9 +284,20 @@ class Progress:
             return not stop.is_set()
 
 
-def replay_team(stack: TeamStack, sessions: dict[str, list[Request]], *, failover: bool, max_tokens: int | str) -> tuple[dict[str, list[Measured]], dict[str, Any]]:
-    """All users at once, one thread each (each user's own fan-out in threads of its own);
-    with `failover`, replica B is killed and restarted as the run goes (`KILL_AT`, `RESTART_AT`)."""
+def decoding(replica: Replica) -> bool:
+    """Whether the replica is decoding a reply (past its first tokens), by its own /v1/status."""
+    with contextlib.suppress(OSError, ValueError):
+        with urllib.request.urlopen(f"{replica.url}/v1/status", timeout=2) as answer:
+            running = json.load(answer).get("requests") or []
+        return any(r.get("phase") == "generation" and r.get("completion_tokens", 0) >= KILL_AFTER_DECODED_TOKENS for r in running)
+    return False
+
+
+def replay_team(stack: TeamStack, sessions: dict[str, list[Request]], *, failover: bool, max_tokens: int | str,
+                client: AgentClient) -> tuple[dict[str, list[Measured]], dict[str, Any]]:
+    """All users at once, one thread each (each user's own fan-out in threads of its own), each as `client`
+    (its protocol, and what it does when a stream is cut); with `failover`, replica B is killed while it
+    decodes a reply once `KILL_AT` of the requests are answered, and restarted at `RESTART_AT`."""
     progress = Progress(sum(len(requests) for requests in sessions.values()))
     results: dict[str, list[Measured]] = {user: [] for user in sessions}
     started = time.perf_counter()
@@ -269,7 +305,8 @@ def replay_team(stack: TeamStack, sessions: dict[str, list[Request]], *, failove
     finished = threading.Event()
 
     def run_user(user: str) -> None:
-        replayer = Replayer(stack.proxies[user].url, reuse_sources=("usage",), max_tokens=max_tokens, on_answered=lambda request: progress.add(1))
+        replayer = Replayer(stack.proxies[user].url, reuse_sources=("usage",), max_tokens=max_tokens, on_answered=lambda request: progress.add(1),
+                            protocol=client.protocol, client=client, model=None if client.protocol == "anthropic" else SERVED_MODEL_NAME)
         replayer.sender.started = started  # every user's times on one clock
         for step in steps(sessions[user]):
             results[user] += replayer.step(step)
@@ -277,6 +314,10 @@ def replay_team(stack: TeamStack, sessions: dict[str, list[Request]], *, failove
     def fail_and_return(replica: Replica) -> None:
         if not progress.wait_for(KILL_AT, finished):
             return
+        deadline = time.monotonic() + KILL_WAIT_S
+        while not decoding(replica) and time.monotonic() < deadline and not finished.is_set():
+            time.sleep(0.02)
+        events["killed_while_decoding"] = decoding(replica)
         replica.kill()
         events["killed_at_s"], events["answered_at_kill"] = time.perf_counter() - started, progress.answered
         if not progress.wait_for(RESTART_AT, finished):
@@ -298,22 +339,6 @@ def replay_team(stack: TeamStack, sessions: dict[str, list[Request]], *, failove
     return results, events
 
 
-def is_lost(reply) -> bool:
-    """Any non-200, an error event, or a stream that ended without its reply's end (cut)."""
-    return reply.status != 200 or reply.error is not None or reply.stop_reason is None
-
-
-def loss_kind(reply) -> str | None:
-    """Why a request counts as lost: `refused` (no 200: the connection failed, or an error status),
-    `error event` (a stream ended with the protocol's error event: cut, and told so), `cut` (ended
-    without its reply's end and without an error event: cut silently); None when it was answered."""
-    if reply.status != 200:
-        return "refused"
-    if reply.error is not None:
-        return "error event"
-    return "cut" if reply.stop_reason is None else None
-
-
 def rows_of(user: str, measured: list[Measured], round_number: int) -> list[Row]:
     """One row per request, in the user's sending order, marked cold/warm within the user's session."""
     rows = []
@@ -330,8 +355,13 @@ def rows_of(user: str, measured: list[Measured], round_number: int) -> list[Row]
             "agent_id": request.headers.get(AGENT_ID_HEADER),
             "status": reply.status,
             "error": reply.error,
-            "lost": is_lost(reply),
+            "lost": loss_kind(reply) is not None,
             "loss": loss_kind(reply),
+            # A cut its client sent again (`cut` says how it looked), or the proxy completed (`recovered_by` set later).
+            "cut": reply.cut,
+            "recovered_by": "agent" if reply.cut else None,
+            "recovery_s": reply.recovery_s,
+            "response_id": reply.response_id,
             "prompt_tokens": result.prompt_tokens,
             "reused_tokens": result.reused_tokens,
             "prefilled_tokens": None if result.reused_tokens is None else result.prompt_tokens - result.reused_tokens,
@@ -344,6 +374,32 @@ def rows_of(user: str, measured: list[Measured], round_number: int) -> list[Row]
             "replica": None,
         })
     return mark_cold_and_warm(rows)
+
+
+def mark_completed_by_proxy(rows: list[Row], proxy_logs: dict[str, str]) -> None:
+    """Each user's proxy logs every stream it completed (`addons/stream_recovery.py`) with the answer's id
+    and the seconds from the cut to the end: those requests were cut and recovered by the proxy."""
+    completed = {(user, answer): seconds for user, log in proxy_logs.items() for answer, seconds in recovered_in_log(log).items()}
+    for row in rows:
+        seconds = completed.get((row["user"], row["response_id"]))
+        if seconds is not None:
+            row.update(cut=row["cut"] or "unseen: the proxy completed it", recovered_by="proxy", recovery_s=seconds)
+
+
+def recovery_figures(rows: list[Row]) -> dict[str, Any]:
+    """What a user lost when a stream was cut: recovered by the agent (it sent the request again), by the
+    proxy (it completed the stream), or lost; and the seconds from the cut to the whole answer."""
+    cut = [row for row in rows if row["cut"] or row["lost"]]
+    seconds = sorted(row["recovery_s"] for row in cut if row["recovery_s"] is not None)
+    return {
+        "cut": len(cut),
+        "recovered_by_agent": sum(1 for row in cut if row["recovered_by"] == "agent" and not row["lost"]),
+        "recovered_by_proxy": sum(1 for row in cut if row["recovered_by"] == "proxy" and not row["lost"]),
+        "lost": sum(1 for row in cut if row["lost"]),
+        "cut_forms": dict(Counter(row["cut"] or row["loss"] for row in cut)),
+        "recovery_s_median": statistics.median(seconds) if seconds else None,
+        "recovery_s_max": seconds[-1] if seconds else None,
+    }
 
 
 def planned_requests(lines: list[str]) -> Counter:
@@ -408,12 +464,14 @@ def configuration_result(config: TeamConfiguration, rows: list[Row], replicas: l
     served = {name: sum(counts.values()) for name, counts in planned.items()}
     summary = summarize(rows)
     result: dict[str, Any] = {
-        "key": config.key, "title": config.title, "router": config.router, "policy": config.policy,
+        "key": config.key, "title": config.title, "router": config.router, "policy": config.policy, "client": config.client,
+        "balance_factor": config.balance_factor,
         "key_scope": config.key_scope if config.router else None, "failover": config.failover,
         "requests": len(rows),
         "requests_lost": sum(row["lost"] for row in rows),
         "lost_by_kind": dict(Counter(row["loss"] for row in rows if row["lost"])),
         "lost": [{"index": row["index"], "lane": row["lane"], "status": row["status"], "loss": row["loss"], "error": row["error"]} for row in rows if row["lost"]],
+        "recovery": recovery_figures(rows),
         "tokens_prefilled": summary["tokens_prefilled"],
         "tokens_reused": summary["tokens_reused"],
         "prompt_tokens": summary["prompt_tokens"],
@@ -481,11 +539,12 @@ def run_configuration(config: TeamConfiguration, sessions: dict[str, list[Reques
     print(f"[{config.key}] starting {config.replicas} replica(s){', ' + config.router if config.router else ''} and {len(sessions)} proxies", flush=True)
     with team_stack(config, list(sessions), model_dir, log_dir) as stack:
         print(f"[{config.key}] replaying {sum(map(len, sessions.values()))} requests of {len(sessions)} users at once", flush=True)
-        measured, events = replay_team(stack, sessions, failover=config.failover, max_tokens=max_tokens)
+        measured, events = replay_team(stack, sessions, failover=config.failover, max_tokens=max_tokens, client=CLIENTS[config.client])
         rows = [row for user, results in measured.items() for row in rows_of(user, results, round_number)]
+        mark_completed_by_proxy(rows, {user: proxy.log_text() for user, proxy in stack.proxies.items()})
         result = configuration_result(config, rows, stack.replicas, events)
     print(f"[{config.key}] {events['wall_s']:.0f} s: prefilled {result['tokens_prefilled']}, replicas {json.dumps(result['replicas'])}, "
-          f"lost {result['requests_lost']}", flush=True)
+          f"lost {result['requests_lost']}, recovered {json.dumps(result['recovery'])}", flush=True)
     return result, rows
 
 
@@ -497,7 +556,7 @@ def targets(results: dict[str, dict[str, Any]], users: int) -> list[dict[str, An
         found.append({"target": name, "value": value, "limit": limit, "met": met, "detail": detail})
 
     alone = results.get(ALONE)
-    for key in ("key-smg", "key-haproxy", "lane-key-smg"):
+    for key in ("key-smg", "key-haproxy", "key-haproxy-bounded", "lane-key-smg"):
         if key not in results:
             continue
         prefilled = results[key]["tokens_prefilled"]
@@ -521,6 +580,12 @@ def targets(results: dict[str, dict[str, Any]], users: int) -> list[dict[str, An
                None if moved["reuse_of_prompt"] is None else moved["reuse_of_prompt"] >= MOVED_REUSE_TARGET,
                f"{moved['requests']} moved requests: {moved['reused_tokens']} of {moved['prompt_tokens']} prompt tokens reused"
                + moved_against_undisturbed(moved.get("against_undisturbed")))
+    for key, result in results.items():
+        if result["failover"]:
+            recovery = result["recovery"]
+            target(f"{key}: 0 turns lost when a replica dies mid-reply (users as {CLIENTS[result['client']].name})", recovery["lost"], 0,
+                   recovery["lost"] == 0, f"{recovery['cut']} cut: {recovery['recovered_by_agent']} recovered by the agent, "
+                   f"{recovery['recovered_by_proxy']} by the proxy, {recovery['lost']} lost; forms {json.dumps(recovery['cut_forms'])}")
     lost = sum(result["requests_lost"] for result in results.values())
     target("0 requests lost (every configuration)", lost, 0, lost == 0, json.dumps({key: result["requests_lost"] for key, result in results.items()}))
     return found
@@ -549,10 +614,10 @@ def commit() -> str | None:
 
 
 def run(config_keys: list[str], users: int, limit: int | None, model_dir: Path, log_dir: Path, rounds: int = 1, max_tokens: int | str = MAX_TOKENS,
-        on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        on_result: Callable[[dict[str, Any]], None] | None = None, balance_factor: int = BOUNDED_LOAD_FACTOR) -> dict[str, Any]:
     """Every configuration of `config_keys` on fresh stacks, in that order, then (rounds=2) in the reverse order;
-    `on_result` gets the result so far after each configuration."""
-    configs = [configuration(key) for key in config_keys]
+    `on_result` gets the result so far after each configuration; `balance_factor`: the bounded-load configuration's."""
+    configs = [with_balance_factor(configuration(key), balance_factor) for key in config_keys]
     sessions = team_sessions(users, limit)
     began = datetime.datetime.now(datetime.UTC)
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -604,6 +669,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--users", type=int, default=DEFAULT_USERS, help="K, the users replayed at once (default %(default)s)")
     parser.add_argument("--limit", type=int, help=f"requests per user (default all {len(SESSION_REQUESTS)}; --quick {QUICK_LIMIT})")
     parser.add_argument("--rounds", type=int, default=1, help="1: each configuration once; 2: the order, then reversed (default %(default)s)")
+    parser.add_argument("--balance-factor", type=int, default=BOUNDED_LOAD_FACTOR,
+                        help="HAProxy's hash-balance-factor in key-haproxy-bounded, percent of the average load (default %(default)s)")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--out", type=Path, help=f"results folder (default {DEFAULT_OUT}; --quick {QUICK_OUT})")
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="the servers' logs (default %(default)s)")
@@ -614,7 +681,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from stable_prefix.bench import team_report
+    from stable_prefix.bench.measure import team_report
 
     args = parse_args(argv)
     out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
@@ -624,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     limit = args.limit or (QUICK_LIMIT if args.quick else None)
     with stop_servers_on_sigterm():
         # The report so far is written after each configuration: a run stopped early keeps what it measured.
-        result = run(keys, args.users, limit, args.model, args.logs, rounds=args.rounds, on_result=lambda partial: team_report.write(partial, out))
+        result = run(keys, args.users, limit, args.model, args.logs, rounds=args.rounds, on_result=lambda partial: team_report.write(partial, out),
+                     balance_factor=args.balance_factor)
     for path in team_report.write(result, out):
         print(f"wrote {path}")
     print(team_report.markdown(result))

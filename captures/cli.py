@@ -8,7 +8,7 @@ import json
 import sys
 
 from stable_prefix.addons.diagnosis import rule_note
-from stable_prefix.addons.normalize import RULE_LABEL
+from stable_prefix.addons.rules import RULES
 from stable_prefix.captures import pairs
 from stable_prefix.captures.inputs import InputError, RequestFile, files_in, load
 
@@ -105,7 +105,7 @@ def run_report(args) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    rules = ", ".join(f"{name} ({label})" for name, (label, _, _) in RULE_LABEL.items())
+    rules = ", ".join(f"{rule.name} ({rule.label})" for rule in RULES)
     top = argparse.ArgumentParser(
         prog="python -m stable_prefix.captures",
         description="What changed between Claude Code requests, and where their prompt prefix broke. "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.addons.capture import RECORD_FORMAT
-from stable_prefix.addons.normalize import Api
+from stable_prefix.addons.request_shape import Api
 
 
 class InputError(Exception):

@@ -18,8 +18,9 @@ from deepdiff import DeepDiff
 
 from stable_prefix.addons import responses_input
 from stable_prefix.addons.diagnosis import Diagnosis, PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.normalize import Api, Rules, normalize
+from stable_prefix.addons.normalize import Rules, normalize
 from stable_prefix.addons.prompt_order import canonical_value
+from stable_prefix.addons.request_shape import Api
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.captures.inputs import RequestFile
 

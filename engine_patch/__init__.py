@@ -6,7 +6,7 @@ The rooms, each importing only the ones listed before it:
   http_api/  what an HTTP client sees: admission, usage fields, the stats endpoints
   vllm_mlx/  the attachments to vllm-mlx, one folder per engine (batched/, simple/)
   here       install.py (attaches them), __main__.py (serve and warm), warm.py
-(tests/test_engine_patch_layers.py holds them to it.)
+(tests/engine/test_engine_patch_layers.py holds them to it.)
 
 `python -m stable_prefix.engine_patch serve MODEL [vllm-mlx serve flags]` installs it and
 runs vllm-mlx's own CLI; `install()` is the same thing for embedding.

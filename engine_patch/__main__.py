@@ -16,12 +16,8 @@ import psutil
 from stable_prefix.engine_patch.disk.disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
 from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
 
-from .install import ENGINES
+from .install import DEFAULT_DRAFT, DEFAULT_ENGINE, ENGINES
 
-# The engine mode `serve` runs unless told otherwise (see docs/engine.md for the measured choice).
-DEFAULT_ENGINE = "batched"
-# Drafted decoding: on where the verify-cost curve measured at start lets a draft pay (docs/engine.md).
-DEFAULT_DRAFT = "auto"
 # vllm-mlx's own flag for its batched engine; `--engine batched` passes it on.
 BATCHED_FLAG = "--continuous-batching"
 

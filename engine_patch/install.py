@@ -13,7 +13,7 @@ the model's identity for the disk tier
 (`mlx_lm.utils.load_model`, every way vllm-mlx loads a text model), the HTTP
 endpoints and usage fields (`http_api/`), and the per-request costs
 vllm-mlx's path repeats needlessly removed (`vllm_mlx/detokenizer_map.py`; see
-docs/request-path.md).
+docs/profile.md).
 """
 
 from __future__ import annotations
@@ -41,11 +41,15 @@ logger = logging.getLogger("engine_patch")
 
 # The releases the patch is run against in `make test`, and only those: 0.6.0
 # runs the whole suite, 0.3.0 (no cache of its own on the chat path) a warm hit
-# through `serve` (tests/test_install.py). Releases between them were read but
+# through `serve` (tests/engine/test_install.py). Releases between them were read but
 # never run, so they are left unpatched too (`stable-prefix doctor` says which
 # one is installed).
 TESTED_VERSIONS = ("0.3.0", "0.6.0")
 ENGINES = ("simple", "batched")
+# The engine mode `install()`, `serve` and `stable-prefix up` run unless told otherwise (docs/engine.md: the measured choice).
+DEFAULT_ENGINE = "batched"
+# Drafted decoding: on where the verify-cost curve measured at start lets a draft pay (docs/engine.md).
+DEFAULT_DRAFT = "auto"
 
 # Seconds a clean shutdown waits for queued snapshot writes.
 SHUTDOWN_WRITE_SECONDS = 30.0
@@ -95,8 +99,8 @@ def why_unsupported(vllm_mlx: Any) -> str | None:
     return None
 
 
-def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions | None = None, engine: str = "simple",
-            draft: str = "auto") -> Installed | None:
+def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions | None = None, engine: str = DEFAULT_ENGINE,
+            draft: str = DEFAULT_DRAFT) -> Installed | None:
     import vllm_mlx
 
     if engine not in ENGINES:

@@ -29,6 +29,14 @@ def _main_of(module: str) -> Callable[[list[str]], int]:
     return run
 
 
+def _launcher(agent: str) -> Callable[[list[str]], int]:
+    """`stable_prefix.agents.<agent>.launch_against_stack`: the agent's module holds its launcher beside its install and environment."""
+    def run(argv: list[str]) -> int:
+        return importlib.import_module(f"stable_prefix.agents.{agent}").launch_against_stack(argv)
+
+    return run
+
+
 def _captures(command: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
         from stable_prefix.captures.cli import main
@@ -45,11 +53,11 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
            "the proxy alone before a router or a remote engine: up --upstream URL --served-model-name NAME", _main_of("stack")),
     "router": ("a router before several engines: router smg|haproxy|vllm-router --replica URL ... [--port 8090] [--policy key|round_robin|prefix] [--print]",
                _main_of("router")),
-    "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _main_of("claude")),
-    "opencode": ("opencode against the running stack: opencode [--port 8080] [opencode arguments]", _main_of("opencode")),
-    "qwen": ("Qwen Code against the running stack: qwen [--port 8080] [qwen arguments]", _main_of("qwen")),
-    "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _main_of("codex")),
-    "pi": ("Pi against the running stack: pi [--port 8080] [pi arguments]", _main_of("pi")),
+    "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _launcher("claude_code")),
+    "opencode": ("opencode against the running stack: opencode [--port 8080] [opencode arguments]", _launcher("opencode")),
+    "qwen": ("Qwen Code against the running stack: qwen [--port 8080] [qwen arguments]", _launcher("qwen_code")),
+    "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _launcher("codex_cli")),
+    "pi": ("Pi against the running stack: pi [--port 8080] [pi arguments]", _launcher("pi")),
     "doctor": ("every pinned client against its registry's newest, and the engine against the tested versions", _main_of("doctor")),
     "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--draft auto|on|off] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] "
               "[vllm-mlx flags]",

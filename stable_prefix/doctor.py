@@ -1,8 +1,8 @@
 """`stable-prefix doctor`: every client we pin against its registry's newest, and the engine installed here
 against the versions the patch is tested with.
 
-For each pin of `tools/pins.py`: the version `make test` runs, the newest the
-registry serves (`npm view`, `pip index versions`: `tools/registry.py`) and the
+For each pin of `stable_prefix/pins.py`: the version `make test` runs, the newest the
+registry serves (`npm view`, `pip index versions`: `stable_prefix/registry.py`) and the
 Node each declares (`engines.node`). A registry that cannot be reached, or a
 client that is not installed, is said so on its row; no version is ever
 filled in. Then the vllm-mlx and mlx-lm installed in this Python, whether they
@@ -21,9 +21,9 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 
-from stable_prefix.tools import pins, registry
-from stable_prefix.tools.pins import Pin
-from stable_prefix.tools.registry import Lookup
+from stable_prefix import pins, registry
+from stable_prefix.pins import Pin
+from stable_prefix.registry import Lookup
 
 USAGE = "usage: stable-prefix doctor"
 COLUMNS = ("client", "package", "pinned", "newest", "node (pinned; newest)", "")

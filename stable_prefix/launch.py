@@ -1,9 +1,8 @@
 """What `stable-prefix claude|opencode|qwen|codex|pi` share: our flags first, the running stack's state,
 and replacing this process with the agent, pointed at the stack by its environment or its arguments.
 
-Each agent's own part (which binary, which variables or options) is in its
-launcher module (`claude.py`, `opencode.py`, `qwen.py`, `codex.py`, `pi.py`) and its
-`tools/` module.
+Each agent's own part (which binary, which variables or options) is its module's `launch_against_stack`
+(`agents/claude_code.py`, `opencode.py`, `qwen_code.py`, `codex_cli.py`, `pi.py`), beside its install and environment.
 """
 
 from __future__ import annotations
@@ -14,9 +13,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from stable_prefix.stack import DEFAULT_PORT, stack_state_path
-from stable_prefix.tools.npm_package import AgentUnavailable
-from stable_prefix.tools.servers import http_ok
+from stable_prefix.agents.npm_package import AgentUnavailable
+from stable_prefix.servers import http_ok
+from stable_prefix.stack_state import DEFAULT_PORT, stack_state_path
 
 
 class CannotLaunch(Exception):

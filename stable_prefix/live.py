@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from stable_prefix.bench.replay import reuse_from_usage
+from stable_prefix.usage import reuse_from_usage
 
 
 def _count(value: int | None) -> str:

@@ -1,7 +1,7 @@
 """`stable-prefix router smg|haproxy|vllm-router --replica URL ...`: a router before a team's engines.
 
 Starts the router the user picked (the pinned install, `make routers`) with our key header, the key
-policy and the retry settings (`tools/routers.py` owns them), and runs it until Ctrl-C; `--print` shows
+policy and the retry settings (`stable_prefix/routers.py` owns them), and runs it until Ctrl-C; `--print` shows
 its config file and command line instead, to run it elsewhere (a router on another machine, a service
 manager). Each developer's proxy (`stable-prefix up --upstream http://ROUTER:PORT`) sends the key.
 """
@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from stable_prefix.tools import routers
-from stable_prefix.tools.servers import LOOPBACK, exit_description
+from stable_prefix import routers
+from stable_prefix.servers import LOOPBACK, exit_description
 
 DEFAULT_PORT = 8090
 POLL_S = 0.5
@@ -32,6 +32,9 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="key: our key header on a consistent-hash ring (default); round_robin; prefix: the router's own cache-aware policy")
     parser.add_argument("--key-header", help="the header holding the proxy's key (default: the one the router reads, x-smg-routing-key; "
                                              "vllm-router: x-session-id)")
+    parser.add_argument("--hash-balance-factor", type=int, default=None, metavar="PERCENT",
+                        help="HAProxy, policy key: bounded-load consistent hashing, no replica above PERCENT of the average load "
+                             "(HAProxy's hash-balance-factor, e.g. 150; default: unbounded)")
     parser.add_argument("--health-interval", type=float, default=1.0, metavar="SECONDS", help="seconds between health checks (default 1)")
     parser.add_argument("--metrics-port", type=int, help="smg's and vllm-router's Prometheus port (default theirs, 29000)")
     parser.add_argument("--log-dir", type=Path, default=Path("build/router-logs"), help="its log (and HAProxy's config file)")
@@ -43,7 +46,8 @@ def main(argv: list[str]) -> int:
     args = argument_parser().parse_args(argv)
     try:
         config = routers.router_config(args.kind, args.replicas, port=args.port, policy=args.policy, key_header=args.key_header,
-                                       health_interval_s=args.health_interval, host=args.host, metrics_port=args.metrics_port)
+                                       health_interval_s=args.health_interval, host=args.host, metrics_port=args.metrics_port,
+                                       balance_factor=args.hash_balance_factor)
     except ValueError as error:
         print(f"stable-prefix router: {error}", file=sys.stderr)
         return 2
@@ -54,7 +58,7 @@ def main(argv: list[str]) -> int:
     try:
         with routers.running_router(args.kind, args.replicas, policy=args.policy, key_header=args.key_header, log_dir=args.log_dir,
                                     health_interval_s=args.health_interval, port=args.port, host=args.host,
-                                    metrics_port=args.metrics_port) as router:
+                                    metrics_port=args.metrics_port, balance_factor=args.hash_balance_factor) as router:
             print(f"stable-prefix router: {args.kind} on {args.host}:{args.port} before {', '.join(args.replicas)} "
                   f"(policy {args.policy}{f', key header {config.key_header}' if config.key_header else ''}); log {router.log_path}. "
                   "Ctrl-C stops it.", flush=True)

@@ -29,15 +29,15 @@ from urllib.parse import urlsplit
 
 from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, session_name_now
 from stable_prefix.addons.capture_folder import claim_new_session, make_private_dirs, write_private
-from stable_prefix.engine_patch.__main__ import DEFAULT_DRAFT, DEFAULT_ENGINE, parse_size
+from stable_prefix.agents.claude_code import stack_environment
+from stable_prefix.agents.claude_code_router import router_config
+from stable_prefix.engine_patch.__main__ import parse_size
 from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
-from stable_prefix.engine_patch.install import ENGINES
+from stable_prefix.engine_patch.install import DEFAULT_DRAFT, DEFAULT_ENGINE, ENGINES
 from stable_prefix.live import CaptureFollower, LogFollower
-from stable_prefix.tools.claude_code import stack_environment
-from stable_prefix.tools.claude_code_router import router_config
-from stable_prefix.tools.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
+from stable_prefix.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
+from stable_prefix.stack_state import DEFAULT_PORT, stack_state_path
 
-DEFAULT_PORT = 8080
 DEFAULT_WEB_PORT = 8081
 DEFAULT_MAX_TOKENS = 8192
 # Loading a large model (or downloading it on first use) can take many minutes; a dead engine is noticed at once.
@@ -229,11 +229,6 @@ def log_tail(server: Server, lines: int = LOG_TAIL_LINES) -> str:
 
 
 # --- telling the user ------------------------------------------------------------------------------
-
-
-def stack_state_path(port: int) -> Path:
-    state_home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return state_home / "stable-prefix" / f"stack-{port}.json"
 
 
 def client_instructions(options: StackOptions, proxy_url: str) -> str:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix.tools import claude_agent_sdk, claude_code, claude_code_router, codex_cli, opencode, pi, qwen_code
-from stable_prefix.tools.npm_package import AgentUnavailable
+from stable_prefix.agents import claude_agent_sdk, claude_code, claude_code_router, codex_cli, opencode, pi, qwen_code
+from stable_prefix.agents.npm_package import AgentUnavailable
 
 # Servers started by tests keep their KV snapshots in RAM only: no test reads or
 # writes the user's ~/.cache, and no snapshot carries from one test's server to
@@ -16,7 +16,7 @@ os.environ.setdefault("ENGINE_PATCH_NO_DISK_CACHE", "1")
 
 
 def _installed(install: Callable[[], Path], what: str) -> Path:
-    """The pinned CLI, installed from npm (`tools/npm_package.py`) unless it is there; a test that
+    """The pinned CLI, installed from npm (`stable_prefix/agents/npm_package.py`) unless it is there; a test that
     needs it fails, saying why, where it cannot be."""
     try:
         return install()

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stable_prefix.tools.servers import LOOPBACK, REPO_ROOT, VENV_BIN, free_port
+from stable_prefix.servers import LOOPBACK, REPO_ROOT, VENV_BIN, free_port
 
 DEFAULT_MODEL = REPO_ROOT / "build" / "tiny-model-test"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

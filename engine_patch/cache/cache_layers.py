@@ -14,8 +14,10 @@ offsets and padded buffers, `from_state(state)`), detected by behaviour:
 
 Snapshots are frozen cache objects of the same classes, compacted to what they
 hold (a sliding window to its window); `restore` turns them back into new live
-objects that never alias a snapshot's arrays. Nothing else in engine_patch
-reads `state` or `meta_state`.
+objects that never alias a snapshot's arrays. Rewindable layers are also cut
+into blocks of tokens (`copy_block`) and rebuilt from them
+(`restore_from_blocks`, see kv_blocks.py). Nothing else in engine_patch reads
+`state` or `meta_state`, or a KV cache's `keys`, `values` and `offset`.
 
 A drafted decode step (engine_patch/drafts/) feeds a sequence's next token and
 its draft in one forward, and a draft cut short must leave every layer as if
@@ -110,19 +112,14 @@ def eval_state(prompt_cache: list[Any]) -> None:
     mx.eval(list(_arrays(layer.state for layer in prompt_cache)))
 
 
-# A snapshot shares the finished request's buffers when they are barely larger
-# than the tokens they hold (KVCache grows in 256-token steps, so that is the
-# case for any long prompt): no copy, no second full-size allocation of what
-# can be gigabytes on a large model. Short or trimmed states are copied down to
-# their tokens instead, so padding never costs more than this share.
-MAX_SHARED_PADDING = 0.10
-
-
 def snapshot(prompt_cache: list[Any], indices: list[int] | None = None) -> tuple[list[Any], int]:
-    """Frozen copies of the layers at `indices` (all by default; None elsewhere) and the bytes they keep alive.
+    """Frozen copies of the layers at `indices` (all by default; None elsewhere), down to the
+    tokens they hold, and their bytes.
 
     Called when nothing writes to the live cache: between prefill chunks or
-    once the request's generation is over.
+    once the request's generation is over. The prefix cache snapshots only
+    positional layers this way (checkpoints, an entry's end); rewindable layers
+    are kept as blocks (`copy_block`).
     """
     wanted = range(len(prompt_cache)) if indices is None else indices
     layers: list[Any] = [None] * len(prompt_cache)
@@ -140,7 +137,64 @@ def restore(layers: list[Any]) -> list[Any]:
     Each array is a new object: the generation's in-place slice writes rebind
     the live cache's arrays and never reach the snapshot's.
     """
-    return [_rebuilt(layer, lambda array: array[...]) for layer in layers]
+    return [None if layer is None else _rebuilt(layer, lambda array: array[...]) for layer in layers]
+
+
+def copy_block(prompt_cache: list[Any], start: int, end: int) -> tuple[list[Any], int]:
+    """Copies of every rewindable layer's keys and values for tokens [start, end) (None at
+    positional layers), and their bytes. Lazy: evaluate them with the entry they belong to.
+
+    A copy, never a slice: a slice would keep the whole live buffer alive.
+    """
+    arrays: list[Any] = []
+    for layer in prompt_cache:
+        if is_rewindable(layer):
+            arrays.append((mx.array(layer.keys[..., start:end, :]), mx.array(layer.values[..., start:end, :])))
+        else:
+            arrays.append(None)
+    return arrays, block_nbytes(arrays)
+
+
+def block_prefix(arrays: list[Any], tokens: int) -> tuple[list[Any], int]:
+    """A copy of the first `tokens` tokens of a block's arrays (from `copy_block`), evaluated, and their bytes."""
+    copied = [None if pair is None else tuple(mx.array(part[..., :tokens, :]) for part in pair) for pair in arrays]
+    mx.eval([part for pair in copied if pair is not None for part in pair])
+    return copied, block_nbytes(copied)
+
+
+def eval_blocks(blocks_arrays: list[list[Any]]) -> None:
+    mx.eval([part for arrays in blocks_arrays for pair in arrays if pair is not None for part in pair])
+
+
+def block_nbytes(arrays: list[Any]) -> int:
+    return sum(part.nbytes for pair in arrays if pair is not None for part in pair)
+
+
+def restore_from_blocks(live: list[Any], pieces: list[tuple[list[Any], int]], length: int, capacity: int,
+                        positional_layers: list[Any]) -> list[Any]:
+    """Fill a fresh cache (`make_prompt_cache`) with the first `length` tokens.
+
+    `pieces` are (block arrays, tokens used) in order; they are concatenated into
+    each rewindable layer, with room for `capacity` tokens (rounded up to the
+    layer's growth step) so that prefilling the rest of the prompt writes in
+    place instead of copying the buffer again: a restore copies each token once. `positional_layers` (None at rewindable layers) are
+    restored as `restore` does.
+    """
+    for index, layer in enumerate(live):
+        if not is_rewindable(layer):
+            live[index] = restore([positional_layers[index]])[0]
+            continue
+        keys = [arrays[index][0][..., :used, :] for arrays, used in pieces]
+        values = [arrays[index][1][..., :used, :] for arrays, used in pieces]
+        # KVCache grows in steps; ConcatenateKVCache appends to all it holds, so it gets no room.
+        room = -(-capacity // layer.step) * layer.step - length if type(layer) is KVCache else 0
+        if room > 0:
+            keys.append(mx.zeros((*keys[0].shape[:2], room, keys[0].shape[3]), keys[0].dtype))
+            values.append(mx.zeros((*values[0].shape[:2], room, values[0].shape[3]), values[0].dtype))
+        layer.keys = mx.concatenate(keys, axis=2) if len(keys) > 1 else mx.array(keys[0])
+        layer.values = mx.concatenate(values, axis=2) if len(values) > 1 else mx.array(values[0])
+        layer.offset = length
+    return live
 
 
 def state_nbytes(prompt_cache: list[Any]) -> int:
@@ -157,10 +211,6 @@ def snapshot_nbytes(layers: list[Any]) -> int:
 
 def _freeze(layer: Any) -> tuple[Any, int]:
     view, held_bytes = _freeze_view(layer)
-    if is_rewindable(layer) and layer.keys is not None:
-        buffer_bytes = layer.nbytes
-        if buffer_bytes <= held_bytes * (1 + MAX_SHARED_PADDING):
-            return _rebuilt(view, lambda array: array[...]), buffer_bytes
     # mx.array copies a view into a buffer of its own size.
     return _rebuilt(view, mx.array), held_bytes
 

@@ -1,32 +1,45 @@
-"""A token-prefix KV cache for several lanes at once, bounded in bytes.
+"""A token-prefix KV cache for several lanes at once, bounded in bytes, each block held once.
 
 After a request, the model's cache holds the state of every token it has seen
-(prompt and generated). `PrefixCache.store` keeps a compact snapshot of it;
-`PrefixCache.fetch` finds the stored prefix sharing the most leading tokens with
-a new prompt and returns a fresh, independent cache holding exactly those
+(prompt and generated). `PrefixCache.store` keeps it as an entry (a lane);
+`PrefixCache.fetch` finds the stored prefix sharing the most leading tokens
+with a new prompt and returns a fresh, independent cache holding exactly those
 tokens, so only the rest of the prompt needs a prefill.
 
-Models whose layers are all plain KV caches are rewound to any common prefix
-by trimming. Models with positional layers (recurrent state, sliding windows:
-Qwen3.5/Qwen3-Next, Nemotron-H, gpt-oss, Gemma 3) can only be restored where
-a snapshot of those layers was taken: each entry shares one snapshot of its
-big attention state and keeps small checkpoints of the positional layers at
-chosen prompt positions (taken by the generation wrapper, see
-`cached_generation.py`); a restore picks the longest checkpoint inside the
-common prefix and trims the attention layers to it. A checkpoint may be
-shared by several lanes (a new conversation restored from another's head
-keeps referring to it) and is counted once in the byte budget.
+An entry's plain attention state (every rewindable layer) is a list of KV
+blocks (`kv_blocks.py`): content-addressed pieces of a few hundred tokens,
+held once in a `BlockStore` whatever number of lanes refer to them. A store
+copies only the blocks the store does not hold yet (a turn's new tokens); a
+restore concatenates the blocks it needs into the live cache, trimmed to the
+restorable length (one copy, as a restore always did).
+
+Models with positional layers (recurrent state, sliding windows:
+Qwen3.5/Qwen3-Next, Nemotron-H, gpt-oss, Gemma 3) can only be restored where a
+snapshot of those layers was taken: each entry keeps small checkpoints of the
+positional layers at chosen prompt positions (taken by the generation wrapper,
+see `cached_generation.py`) and their state at its end; a restore picks the
+longest checkpoint inside the common prefix and takes the blocks up to it. A
+checkpoint may be shared by several lanes (a new conversation restored from
+another's head keeps referring to it) and is counted once in the byte budget.
+
+Which lane serves a prompt, and which lanes a new one replaces, is
+`prefix_index.py`'s rule, the same for the disk tier.
+
+Eviction is by lane: one-shot lanes first (stored once and never used since: a
+title request, a subagent's only call), then the least recently used; a block
+is freed when no lane refers to it, so a block many lanes share goes last.
 
 Why not mlx-lm's `LRUPromptCache`: its trie is keyed by the model object and
-token list per entry and deep-copies on every fetch; here one engine serves one
-model, a Claude Code session has a handful of lanes (main agent, subagents,
-title requests) whose prompts each grow turn by turn, and what matters is an
-exact byte budget and the longest common prefix with *any* lane, including a
+token list per entry, deep-copies on every fetch and holds every entry whole;
+here one engine serves one model, a Claude Code session has a handful of lanes
+(main agent, subagents, title requests) whose prompts each grow turn by turn
+and share long heads, and what matters is an exact byte budget, each token's
+state held once, and the longest common prefix with *any* lane, including a
 partial one (a conversation that was edited or whose last reply rendered
 differently), which trimming the attention state gives for free.
 
-Snapshots are taken and restored by `cache_layers.py`, the one module that
-touches mlx-lm's per-layer cache internals.
+Snapshots and blocks are taken and restored by `cache_layers.py`, the one
+module that touches mlx-lm's per-layer cache internals.
 """
 
 from __future__ import annotations
@@ -41,17 +54,23 @@ from typing import Any
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from .cache_layers import cached_token_count, positional_indices, restore, snapshot, snapshot_nbytes, state_nbytes, trim
+from .cache_layers import (
+    block_prefix,
+    cached_token_count,
+    copy_block,
+    eval_blocks,
+    positional_indices,
+    restore_from_blocks,
+    snapshot,
+    snapshot_nbytes,
+    state_nbytes,
+)
+from .kv_blocks import BLOCK_TOKENS, Block, BlockRef, BlockStore, block_keys, covering, new_segments, reusable_refs
+from .prefix_index import best_match, common_prefix_length, placement
 
 # Checkpoints one entry keeps at most (the heads new conversations and
 # subagent calls share, where the next turn resumes, branch points).
 MAX_CHECKPOINTS = 6
-
-
-def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    mismatches = np.flatnonzero(a[:n] != b[:n])
-    return int(mismatches[0]) if len(mismatches) else n
 
 
 @dataclass(eq=False)
@@ -64,42 +83,41 @@ class Checkpoint:
     # The chat's system + tools head: what vllm-mlx as shipped would reuse, so never dropped.
     pinned: bool = False
     # Who this checkpoint is, across a restart: the disk tier writes a shared
-    # checkpoint into each entry's file, and the copies that come back with
-    # the same key become one object again (`PrefixCache.admit`).
+    # checkpoint once, and every lane's manifest names it by this key, so the
+    # lanes a restarted server loads share one object again (`PrefixCache.admit`).
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
-@dataclass
+@dataclass(eq=False)
 class CachedPrefix:
-    """One lane's state. `layers` and each checkpoint's `layers` are lists of
-    frozen cache objects from cache_layers.snapshot (None where a checkpoint
-    holds no rewindable layer); the positional layers of `layers` may be the
-    very objects of the last checkpoint, and a checkpoint may belong to
-    several entries: serialize by object identity."""
+    """One lane's state: the rewindable layers as blocks, the positional ones at its end and at checkpoints.
+
+    `layers` holds the positional layers' state after all of `tokens` (None at
+    rewindable layers); they may be the very objects of the last checkpoint,
+    and a checkpoint may belong to several entries: serialize by object identity.
+    """
 
     tokens: np.ndarray
-    layers: list[Any]  # every layer's state after all of `tokens`
-    nbytes: int
+    blocks: list[BlockRef]  # the rewindable layers' state of `tokens`, in order
+    layers: list[Any]
+    nbytes: int  # bytes of `layers` no checkpoint holds (blocks and checkpoints are counted once, apart)
     prompt_length: int  # the rest of `tokens` was generated
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    turns: int = 1  # requests of this lane so far: 1 + those of the entries it replaced
+    hits: int = 0  # requests that restored from it
 
-    def restorable_length(self, limit: int, positional: bool) -> int:
-        """The longest prefix of at most `limit` tokens this entry can restore exactly."""
-        return restorable_length(len(self.tokens), [c.position for c in self.checkpoints], limit, positional)
+    @property
+    def checkpoint_positions(self) -> list[int]:
+        return [c.position for c in self.checkpoints]
 
+    @property
+    def positional(self) -> bool:
+        return any(layer is not None for layer in self.layers)
 
-def restorable_length(token_count: int, checkpoint_positions: list[int], limit: int, positional: bool) -> int:
-    """The longest prefix of at most `limit` tokens an entry of `token_count` tokens can restore exactly.
-
-    Rewindable models: any prefix (by trimming). Positional ones: a checkpoint
-    position or the entry's end. The one rule for RAM entries and disk files.
-    """
-    if not positional:
-        return min(limit, token_count)
-    positions = [position for position in checkpoint_positions if position <= limit]
-    if token_count <= limit:
-        positions.append(token_count)
-    return max(positions, default=0)
+    @property
+    def one_shot(self) -> bool:
+        """Stored once and never used since (a title request, a subagent's only call): evicted first."""
+        return self.turns == 1 and self.hits == 0
 
 
 @dataclass
@@ -133,24 +151,29 @@ class CacheStats:
 
 @dataclass
 class PrefixCache:
-    """LRU store of snapshots, keyed by the token sequence they hold.
+    """LRU store of lanes, keyed by the token sequence they hold, their blocks held once.
 
     Thread-safety: fetch/store run on the engine's single generation thread;
     `clear` and `stats` may come from the server's event loop, so the entry
-    table is guarded by a lock. Fetched caches are fresh objects owned by one
-    request, so no other request can change what a request restored.
+    table and the block store are guarded by a lock. Fetched caches are fresh
+    objects owned by one request, so no other request can change what a request
+    restored.
     """
 
     budget_bytes: int
     max_entries: int | None = None
+    block_tokens: int = BLOCK_TOKENS
     entries: OrderedDict[int, CachedPrefix] = field(default_factory=OrderedDict)
+    blocks: BlockStore = field(default_factory=BlockStore)
     counters: CacheStats = field(default_factory=CacheStats)
     _next_key: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def bytes_held(self) -> int:
-        return _bytes_of(self.entries.values())
+        return self.blocks.nbytes + _own_bytes_of(self.entries.values())
+
+    # --- restoring ------------------------------------------------------------------
 
     def fetch(self, model: Any, prompt_tokens: list[int]) -> Fetched:
         """A cache for `prompt_tokens` with the longest restorable stored prefix.
@@ -162,38 +185,31 @@ class PrefixCache:
         live = make_prompt_cache(model)
         positional = bool(positional_indices(live))
         with self._lock:
-            best_key, best_length, longest_common = self._best_entry(prompt, positional)
-            if best_key is None:
+            match = best_match(self.entries.items(), prompt, positional)
+            if match.key is None:
                 self.counters.misses += 1
                 self.counters.tokens_prefilled += len(prompt)
-                return Fetched(live, 0, longest_common)
-            entry = self.entries[best_key]
-            self.entries.move_to_end(best_key)
-            inherited = [checkpoint for checkpoint in entry.checkpoints if checkpoint.position <= best_length]
-        prompt_cache = _restored(entry, best_length)
+                return Fetched(live, 0, match.longest_common)
+            entry = self.entries[match.key]
+            self.entries.move_to_end(match.key)
+            entry.hits += 1
+            inherited = [checkpoint for checkpoint in entry.checkpoints if checkpoint.position <= match.length]
+            pieces = [(ref.block.arrays, ref.used) for ref in covering(entry.blocks, match.length)]
+            positional_layers = _positional_state_at(entry, match.length)
+        prompt_cache = restore_from_blocks(live, pieces, match.length, len(prompt) + 1, positional_layers)
         with self._lock:
             self.counters.hits += 1
-            self.counters.tokens_reused += best_length
-            self.counters.tokens_prefilled += len(prompt) - best_length
-        return Fetched(prompt_cache, best_length, longest_common, inherited)
-
-    def _best_entry(self, prompt: np.ndarray, positional: bool) -> tuple[int | None, int, int]:
-        """The entry restoring the most of `prompt` (all but its last token), that length,
-        and the longest common prefix with any entry. Call under the lock."""
-        best_key, best_length, longest_common = None, 0, 0
-        for key, entry in self.entries.items():
-            common = common_prefix_length(entry.tokens, prompt)
-            longest_common = max(longest_common, common)
-            length = entry.restorable_length(min(common, len(prompt) - 1), positional)
-            if length >= best_length and length > 0:
-                best_key, best_length = key, length
-        return best_key, best_length, longest_common
+            self.counters.tokens_reused += match.length
+            self.counters.tokens_prefilled += len(prompt) - match.length
+        return Fetched(prompt_cache, match.length, match.longest_common, inherited)
 
     def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool) -> int:
         """How many prompt tokens a fetch would reuse, without restoring anything."""
         prompt = np.asarray(prompt_tokens, dtype=np.int64)
         with self._lock:
-            return self._best_entry(prompt, positional)[1]
+            return best_match(self.entries.items(), prompt, positional).length
+
+    # --- storing --------------------------------------------------------------------
 
     def store(
         self,
@@ -207,10 +223,8 @@ class PrefixCache:
         `prompt_length` says how many of `tokens` were prompt (the rest were
         generated); `checkpoints` are positional snapshots inside `tokens`. An
         entry whose whole prompt the new state repeats is dropped (its
-        checkpoints inside the shared prefix move to the new entry): the next
-        turn of a conversation re-renders the reply in its own way, so only
-        the prompt part of the older turn is worth keeping, and the new state
-        holds it.
+        checkpoints inside the shared prefix move to the new entry, its blocks
+        stay where the new entry uses them).
 
         The cache may hold fewer tokens than `tokens` (the last generated token
         is never fed back) or more (a token was fed but never reported): only
@@ -228,77 +242,95 @@ class PrefixCache:
             return
         new_tokens = np.asarray(tokens[:held], dtype=np.int64)
         with self._lock:
-            dominated = self._dominated_by(new_tokens, bool(positional))
-            if dominated is None:
-                return
+            dominated = self._dominated_by(new_tokens, [c.position for c in checkpoints if c.position <= held], bool(positional))
+        if dominated is None:
+            return
         checkpoints = _kept(_unique(checkpoints + _inherited(dominated, new_tokens)), held)
-        if counted is not None and counted > held:
-            trim(prompt_cache, counted - held)
         length = self._fitting_length(prompt_cache, held, positional, checkpoints, end_state_exact)
         if length == 0:
             return
         if length < held:
-            trim(prompt_cache, held - length)
             self.counters.trimmed_to_fit += 1
         checkpoints = [c for c in checkpoints if c.position <= length]
-        end_from_checkpoint = bool(positional) and (length < held or not end_state_exact)
-        rewindable = [index for index in range(len(prompt_cache)) if index not in positional]
-        layers, nbytes = snapshot(prompt_cache, rewindable if end_from_checkpoint else None)
-        if end_from_checkpoint:
+        if positional and (length < held or not end_state_exact):
             # The state at `length` is that checkpoint's, already counted there.
-            end = checkpoints[-1]
-            layers = [end.layers[index] if index in positional else layer for index, layer in enumerate(layers)]
+            layers = list(checkpoints[-1].layers)
+        else:
+            layers, _ = snapshot(prompt_cache, positional)
         prompt_part = length if prompt_length is None else min(prompt_length, length)
-        new_entry = CachedPrefix(new_tokens[:length], layers, nbytes, prompt_part, checkpoints)
-        if _bytes_of([new_entry]) > self.budget_bytes:
-            return  # a shared buffer's padding tipped it over
+        new_entry = CachedPrefix(new_tokens[:length], self._blocks_of(new_tokens[:length], prompt_cache), layers,
+                                 own_nbytes(layers, checkpoints), prompt_part, checkpoints,
+                                 turns=1 + max((entry.turns for entry in dominated), default=0))
+        if footprint(new_entry) > self.budget_bytes:
+            return  # a block it shares holds more than it uses
         self._insert(new_entry, dominated)
         with self._lock:
             self.counters.stores += 1
 
+    def _blocks_of(self, tokens: np.ndarray, prompt_cache: list[Any]) -> list[BlockRef]:
+        """The lane's blocks: those of the lane sharing the longest prefix with it (inside that prefix),
+        then blocks of its own tokens, copied from `prompt_cache` unless the store holds them already."""
+        with self._lock:
+            source, common = max(((entry, common_prefix_length(entry.tokens, tokens)) for entry in self.entries.values()),
+                                 key=lambda found: found[1], default=(None, 0))
+            refs = reusable_refs(source.blocks, common) if source is not None else []
+            segments = new_segments(refs[-1].end if refs else 0, len(tokens), self.block_tokens)
+            keys = block_keys(tokens, segments)
+            held = [self.blocks.get(key) for key in keys]
+        copied = []
+        for (start, end), key, block in zip(segments, keys, held):
+            if block is None:
+                arrays, nbytes = copy_block(prompt_cache, start, end)
+                block = Block(key, start, end, np.asarray(tokens[start:end], dtype=np.int32), arrays, nbytes)
+                copied.append(block)
+            refs.append(BlockRef(block, end - start))
+        eval_blocks([block.arrays for block in copied])
+        return refs
+
     def admit(self, entry: CachedPrefix) -> None:
         """Add a whole entry made elsewhere (loaded from disk), under the rules of `store`.
 
-        Its checkpoints that RAM already holds (same key: the same checkpoint,
-        written into several files) are replaced by RAM's object, so a shared
-        checkpoint is held and counted once, as before the restart. An entry
-        larger than the whole budget goes through `store`, which keeps the
-        longest prefix that fits.
+        Blocks and checkpoints RAM already holds (same key) are replaced by RAM's
+        objects, so each is held and counted once, as before a restart. An entry
+        larger than the whole budget keeps the longest restorable prefix that fits.
         """
-        positional = bool(positional_indices(entry.layers))
         with self._lock:
             entry = _sharing_checkpoints_with(entry, self.entries.values())
-            dominated = self._dominated_by(entry.tokens, positional)
-            if dominated is None:
-                return
+            entry.blocks = self.blocks.canonical(entry.blocks)
+            dominated = self._dominated_by(entry.tokens, entry.checkpoint_positions, entry.positional)
+        if dominated is None:
+            return
         entry.checkpoints = _kept(_unique(entry.checkpoints + _inherited(dominated, entry.tokens)), len(entry.tokens))
         entry.nbytes = own_nbytes(entry.layers, entry.checkpoints)
-        if _bytes_of([entry]) > self.budget_bytes:
-            self.store(entry.tokens.tolist(), restore(entry.layers), entry.prompt_length, entry.checkpoints)
-            return
+        if footprint(entry) > self.budget_bytes:
+            length = _fitting_entry_length(entry, self.budget_bytes)
+            if length == 0:
+                return
+            entry = truncated(entry, length)
+            self.counters.trimmed_to_fit += 1
         self._insert(entry, dominated)
 
-    def _dominated_by(self, tokens: np.ndarray, positional: bool) -> list[CachedPrefix] | None:
-        """The entries a new state of `tokens` replaces (their whole prompt is in it);
-        None if an entry already holds that state. Call under the lock."""
-        dominated = []
-        for key, entry in self.entries.items():
-            shared = common_prefix_length(entry.tokens, tokens)
-            if shared == len(tokens) and (not positional or len(entry.tokens) == len(tokens)):
-                # Already held: the new state is a prefix of an entry.
-                self.entries.move_to_end(key)
-                return None
-            if shared >= entry.prompt_length:
-                dominated.append(entry)
-        return dominated
+    def _dominated_by(self, tokens: np.ndarray, checkpoint_positions: list[int], positional: bool) -> list[CachedPrefix] | None:
+        """The entries a new state of `tokens` replaces; None if an entry already restores all it would.
+        Call under the lock."""
+        found = placement(self.entries.items(), tokens, checkpoint_positions, positional)
+        if found.held_by is not None:
+            self.entries.move_to_end(found.held_by)
+            return None
+        return [self.entries[key] for key in found.replaces]
 
     def _insert(self, new_entry: CachedPrefix, dominated: list[CachedPrefix]) -> None:
         with self._lock:
             for key in [key for key, entry in self.entries.items() if any(entry is gone for gone in dominated)]:
-                del self.entries[key]
-            self._make_room(new_entry)
+                self._remove(key)
+            new_entry.blocks = self.blocks.canonical(new_entry.blocks)
+            self.blocks.acquire(new_entry.blocks)
             self.entries[self._next_key] = new_entry
             self._next_key += 1
+            self._make_room(new_entry)
+
+    def _remove(self, key: int) -> None:
+        self.blocks.release(self.entries.pop(key).blocks)
 
     def _fitting_length(
         self, prompt_cache: list[Any], held: int, positional: list[int], checkpoints: list[Checkpoint], end_state_exact: bool
@@ -319,17 +351,31 @@ class PrefixCache:
         return 0
 
     def _make_room(self, new_entry: CachedPrefix) -> None:
-        while self.entries and (
-            _bytes_of([*self.entries.values(), new_entry]) > self.budget_bytes
-            or (self.max_entries is not None and len(self.entries) >= self.max_entries)
+        """Evict lanes (one-shot ones first, then the least recently used) until the budgets hold. Call under the lock."""
+        while len(self.entries) > 1 and (
+            self.bytes_held > self.budget_bytes or (self.max_entries is not None and len(self.entries) > self.max_entries)
         ):
-            self.entries.popitem(last=False)
+            others = [key for key, entry in self.entries.items() if entry is not new_entry]
+            victim = next((key for key in others if self.entries[key].one_shot), others[0])
+            self._remove(victim)
             self.counters.evictions += 1
+
+    # --- the rest of the interface ---------------------------------------------------
 
     def newest_entry(self) -> CachedPrefix | None:
         """The entry the latest `store` added (the disk tier writes it out)."""
         with self._lock:
             return next(reversed(self.entries.values()), None)
+
+    def held_blocks(self, keys: Iterable[str]) -> dict[str, Block]:
+        """The blocks of `keys` RAM holds (a disk load reads only the others)."""
+        with self._lock:
+            return {key: block for key in keys if (block := self.blocks.get(key)) is not None}
+
+    def held_checkpoints(self) -> dict[str, Checkpoint]:
+        """Every checkpoint RAM holds, by key (a disk load reads only the others)."""
+        with self._lock:
+            return {c.key: c for entry in self.entries.values() for c in entry.checkpoints}
 
     def record_fallback(self, reason: str) -> None:
         with self._lock:
@@ -340,6 +386,7 @@ class PrefixCache:
         with self._lock:
             dropped = len(self.entries)
             self.entries.clear()
+            self.blocks.clear()
         return dropped
 
     def stats(self) -> dict[str, Any]:
@@ -350,22 +397,54 @@ class PrefixCache:
                 "bytes": self.bytes_held,
                 "budget_bytes": self.budget_bytes,
                 "max_entries": self.max_entries,
+                "blocks": len(self.blocks),
+                "block_tokens": self.blocks.tokens,
+                "block_bytes": self.blocks.nbytes,
+                "block_size": self.block_tokens,
                 "entry_tokens": [len(entry.tokens) for entry in self.entries.values()],
                 "entry_checkpoints": [[c.position for c in entry.checkpoints] for entry in self.entries.values()],
             }
 
 
-def _restored(entry: CachedPrefix, length: int) -> list[Any]:
-    """A live cache holding the first `length` tokens of `entry`."""
+def _positional_state_at(entry: CachedPrefix, length: int) -> list[Any]:
+    """The positional layers' state after `length` tokens of `entry` (a restorable length: its end or a checkpoint)."""
+    if length == len(entry.tokens) or not entry.positional:
+        return entry.layers
+    return next(c for c in entry.checkpoints if c.position == length).layers
+
+
+def truncated(entry: CachedPrefix, length: int) -> CachedPrefix:
+    """The first `length` tokens of `entry` (a restorable length) as an entry of their own.
+
+    A block it uses only in part is copied down to that part, so the entry holds
+    exactly its tokens' state.
+    """
     if length == len(entry.tokens):
-        return restore(entry.layers)
-    checkpoint = next((c for c in entry.checkpoints if c.position == length), None)
-    layers = entry.layers if checkpoint is None else [
-        own if positional is None else positional for own, positional in zip(entry.layers, checkpoint.layers)
-    ]
-    prompt_cache = restore(layers)
-    trim(prompt_cache, len(entry.tokens) - length)
-    return prompt_cache
+        return entry
+    refs = covering(entry.blocks, length)
+    last = refs[-1]
+    if last.used < last.block.token_count:
+        key = block_keys(entry.tokens[:length], [(last.start, length)])[0]
+        arrays, nbytes = block_prefix(last.block.arrays, last.used)
+        refs[-1] = BlockRef(Block(key, last.start, length, last.block.token_ids[: last.used].copy(), arrays, nbytes), last.used)
+    layers = list(_positional_state_at(entry, length))
+    checkpoints = [c for c in entry.checkpoints if c.position <= length]
+    return CachedPrefix(entry.tokens[:length], refs, layers, own_nbytes(layers, checkpoints), min(entry.prompt_length, length),
+                        checkpoints, entry.turns, entry.hits)
+
+
+def _fitting_entry_length(entry: CachedPrefix, budget: int) -> int:
+    """The longest restorable prefix of `entry` whose state (blocks cut to it, checkpoints, end) fits `budget` (0: none)."""
+    block_bytes = sum(ref.block.nbytes for ref in entry.blocks)
+    per_token = block_bytes / len(entry.tokens)
+    if not entry.positional:
+        return min(len(entry.tokens), int(budget // per_token)) if per_token else len(entry.tokens)
+    for length in [len(entry.tokens), *reversed(entry.checkpoint_positions)]:
+        end_bytes = entry.nbytes if length == len(entry.tokens) else 0
+        checkpoint_bytes = sum(c.nbytes for c in entry.checkpoints if c.position <= length)
+        if per_token * length + end_bytes + checkpoint_bytes <= budget:
+            return length
+    return 0
 
 
 def _inherited(dominated: list[CachedPrefix], tokens: np.ndarray) -> list[Checkpoint]:
@@ -392,13 +471,14 @@ def _sharing_checkpoints_with(entry: CachedPrefix, held: Iterable[CachedPrefix])
                 if layer is not None and layers[index] is layer:
                     layers[index] = replaced[id(checkpoint)].layers[index]
     checkpoints = [replaced.get(id(c), c) for c in entry.checkpoints]
-    return CachedPrefix(entry.tokens, layers, own_nbytes(layers, checkpoints), entry.prompt_length, checkpoints)
+    return CachedPrefix(entry.tokens, entry.blocks, layers, own_nbytes(layers, checkpoints), entry.prompt_length, checkpoints,
+                        entry.turns, entry.hits)
 
 
 def own_nbytes(layers: list[Any], checkpoints: list[Checkpoint]) -> int:
-    """Bytes of an entry's end state that are not one of its checkpoints' (those count with the checkpoint)."""
+    """Bytes of an entry's positional end state that are not one of its checkpoints' (those count with the checkpoint)."""
     checkpoint_layers = {id(layer) for c in checkpoints for layer in c.layers if layer is not None}
-    return snapshot_nbytes([layer for layer in layers if id(layer) not in checkpoint_layers])
+    return snapshot_nbytes([layer for layer in layers if layer is not None and id(layer) not in checkpoint_layers])
 
 
 def _unique(checkpoints) -> list[Checkpoint]:
@@ -423,8 +503,12 @@ def _kept(checkpoints: list[Checkpoint], held: int) -> list[Checkpoint]:
     return kept
 
 
-def _bytes_of(entries) -> int:
-    """Bytes held by `entries`, each shared checkpoint counted once."""
+def _own_bytes_of(entries) -> int:
+    """Bytes held by `entries` besides their blocks, each shared checkpoint counted once."""
     checkpoints = {id(c): c.nbytes for entry in entries for c in entry.checkpoints}
     return sum(entry.nbytes for entry in entries) + sum(checkpoints.values())
 
+
+def footprint(entry: CachedPrefix) -> int:
+    """Everything `entry` keeps alive: its blocks (whole), its end state and its checkpoints."""
+    return sum({id(ref.block): ref.block.nbytes for ref in entry.blocks}.values()) + _own_bytes_of([entry])

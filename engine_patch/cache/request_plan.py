@@ -29,7 +29,8 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from .cache_layers import UnsupportedCache, check_snapshot_support, positional_indices, snapshot
-from .prefix_cache import Checkpoint, Fetched, PrefixCache, common_prefix_length
+from .prefix_cache import Checkpoint, Fetched, PrefixCache
+from .prefix_index import common_prefix_length
 from .prompt_boundaries import checkpoint_positions, generation_prompt_start, message_start_ids
 
 logger = logging.getLogger("engine_patch")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .prefix_cache import common_prefix_length
+from .prefix_index import common_prefix_length
 from .request_plan import RequestPlan
 
 # Below this, waiting for another request's prefill costs more (a step of the

@@ -1,20 +1,28 @@
-"""The disk tier's directory: its layout, the cross-process lock, the byte budget.
+"""The disk tier's directory: its layout, the cross-process lock, the byte budget and eviction by lane.
 
-    DIR/                      0700, default ~/.cache/stable-prefix/kv
-      .lock                   flock: one writer at a time across processes
-      file-digests.json       remembered model-file digests (model_identity.py)
-      <identity>/             one folder per model identity (first 32 hex digits)
-        <uuid>.kv             one snapshot (snapshot_file.py), 0600, never rewritten
-        .tmp-<pid>-<uuid>.kv  a write in flight
+    DIR/                          0700, default ~/.cache/stable-prefix/kv
+      .lock                       flock: one writer at a time across processes
+      file-digests.json           remembered model-file digests (model_identity.py)
+      <identity>/                 one folder per model identity (first 32 hex digits)
+        lanes/<uuid>.kv           a lane's manifest (snapshot_file.py), 0600, never rewritten
+        blocks/<key>.kvblock      a KV block, named by its key, written once
+        states/<key>.kvstate      a positional state (a checkpoint, an end state), written once
+        */.tmp-<pid>-<uuid>-...   a write in flight
 
 Several servers may share DIR: files are written under per-process temporary
-names and renamed into place, and the budget covers every model's files, so
-each write checks it under the lock. Least recently used files (by mtime, which
-a load touches) are evicted first, whichever model they belong to.
+names and renamed into place (a block's name is its key, so two servers
+writing the same block write the same file), and the budget covers every
+model's files, so each write checks it under the lock, held from the budget
+check to the last rename. Eviction is by lane (a manifest): files no manifest
+refers to first (what a crash between a block and its manifest left), then
+one-shot lanes and files of older formats, then the least recently used lanes
+(by mtime, which a load touches); a block or state goes with the last
+manifest that refers to it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import os
@@ -22,11 +30,15 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .model_identity import ModelIdentity
 
-SUFFIX = ".kv"
+# The kinds of files (snapshot_file.py), each in a folder of its own.
+LANE, BLOCK, STATE = "lane", "block", "state"
+FOLDERS = {LANE: "lanes", BLOCK: "blocks", STATE: "states"}
+SUFFIXES = {LANE: ".kv", BLOCK: ".kvblock", STATE: ".kvstate"}
 TEMP_PREFIX = ".tmp-"
 # Never fill the user's disk: keep this much free whatever the budget says.
 FREE_SPACE_MARGIN_BYTES = 2**30
@@ -40,8 +52,19 @@ def free_and_total_bytes(path: Path) -> tuple[int, int]:
     return usage.free, usage.total
 
 
-def is_snapshot(name: str) -> bool:
-    return name.endswith(SUFFIX) and not name.startswith(".")
+def is_ours(name: str) -> bool:
+    """A finished file of this layout (not a temporary one)."""
+    return not name.startswith(".") and any(name.endswith(suffix) for suffix in SUFFIXES.values())
+
+
+@dataclass
+class LaneUnit:
+    """One lane as eviction sees it: its manifest and the files it refers to."""
+
+    manifest: Path
+    refers_to: set[Path] = field(default_factory=set)
+    mtime_ns: int = 0
+    one_shot: bool = True
 
 
 class SnapshotDirectory:
@@ -60,25 +83,39 @@ class SnapshotDirectory:
     def folder(self, identity: ModelIdentity) -> Path:
         return self.path / identity.key[:32]
 
-    def snapshot_sizes(self, folder: Path) -> dict[str, int]:
-        """The snapshots in one model's folder and their sizes; none if it cannot be listed."""
+    @staticmethod
+    def place(folder: Path, kind: str, name: str) -> Path:
+        """Where a file of `kind` (LANE, BLOCK, STATE) named `name` (a uuid or a key) lives in a model's folder."""
+        return folder / FOLDERS[kind] / f"{name}{SUFFIXES[kind]}"
+
+    @staticmethod
+    def sizes(folder: Path, kind: str) -> dict[str, int]:
+        """The finished files of `kind` in one model's folder, by name (without suffix), and their sizes."""
         sizes = {}
-        for entry in _listing(folder):
-            if is_snapshot(entry.name):
+        for entry in _listing(folder / FOLDERS[kind]):
+            if not entry.name.startswith(".") and entry.name.endswith(SUFFIXES[kind]):
                 with contextlib.suppress(OSError):  # gone since the listing
-                    sizes[entry.name] = entry.stat().st_size
+                    sizes[entry.name[: -len(SUFFIXES[kind])]] = entry.stat().st_size
         return sizes
 
+    def model_folders(self) -> list[Path]:
+        return [Path(entry.path) for entry in _listing(self.path) if entry.is_dir(follow_symlinks=False)]
+
     def files(self) -> list[tuple[Path, os.stat_result]]:
-        """Every snapshot and temporary file of every model (what can be listed)."""
+        """Every file of ours of every model (finished, temporary, older formats): what the budget bounds."""
         found = []
-        for folder in _listing(self.path):
-            if folder.is_dir(follow_symlinks=False):
-                for entry in _listing(Path(folder.path)):
-                    if entry.name.endswith(SUFFIX):
-                        with contextlib.suppress(OSError):
-                            found.append((Path(entry.path), entry.stat(follow_symlinks=False)))
+        for folder in self.model_folders():
+            for entry in _listing(folder):
+                if entry.is_dir(follow_symlinks=False) and entry.name in FOLDERS.values():
+                    found += _stats(_listing(Path(entry.path)))
+                elif entry.name.endswith(".kv"):  # a file of format 1 or 2: a whole lane
+                    found += _stats([entry])
         return found
+
+    def legacy_files(self) -> list[Path]:
+        """Files of the formats that kept a whole lane per file, directly in a model's folder."""
+        return [Path(entry.path) for folder in self.model_folders() for entry in _listing(folder)
+                if entry.name.endswith(".kv") and not entry.name.startswith(".") and entry.is_file(follow_symlinks=False)]
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -100,32 +137,62 @@ class SnapshotDirectory:
         return max(0, room), (f"the free space: {_mib(free)} free on the filesystem, {_mib(margin)} kept free "
                               f"(max(1 GiB, 5% of {_mib(total)})), {_mib(held)} held by snapshots")
 
-    def evict_until(self, allowed_bytes: int) -> tuple[bool, list[Path]]:
-        """Delete least recently used snapshots (any model) until at most `allowed_bytes` remain
-        (call under `lock`); whether that was reached, and what was deleted."""
-        files = self.files()
-        held = sum(status.st_size for _, status in files)
+    def evict_until(self, allowed_bytes: int, lanes: list[LaneUnit], protected: set[Path]) -> tuple[bool, list[Path]]:
+        """Delete lanes (and what only they refer to) until at most `allowed_bytes` remain; call under `lock`.
+
+        `lanes` are every model's manifests; `protected` the files the write in
+        progress refers to, never deleted. Returns whether that was reached, and
+        the manifests and other files deleted.
+        """
+        sizes = {path: status.st_size for path, status in self.files()}
+        held = sum(sizes.values())
+        if held <= allowed_bytes:
+            return True, []
+        references = collections.Counter(path for lane in lanes for path in lane.refers_to)
+        references.update(protected)
+        orphans = [path for path in sizes if path.parent.name in (FOLDERS[BLOCK], FOLDERS[STATE]) and is_ours(path.name)
+                   and path not in references]
+        known = {lane.manifest for lane in lanes}
+        legacy = [LaneUnit(path) for path in sizes if path.parent.name not in FOLDERS.values() and is_ours(path.name)]
+        strays = [LaneUnit(path) for path in sizes if path.parent.name == FOLDERS[LANE] and is_ours(path.name) and path not in known]
+        ordered = [LaneUnit(path) for path in orphans] + strays + sorted(
+            [*legacy, *(lane for lane in lanes if lane.manifest in sizes)], key=lambda lane: (not lane.one_shot, lane.mtime_ns))
         deleted = []
-        for path, status in sorted((f for f in files if is_snapshot(f[0].name)), key=lambda f: f[1].st_mtime_ns):
+        for lane in ordered:
             if held <= allowed_bytes:
                 break
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            held -= status.st_size
-            deleted.append(path)
+            freed = [lane.manifest]
+            for path in lane.refers_to:
+                references[path] -= 1
+                if references[path] == 0 and path in sizes:
+                    freed.append(path)
+            for path in freed:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                held -= sizes.pop(path, 0)
+                deleted.append(path)
         return held <= allowed_bytes, deleted
 
-    def new_names(self, folder: Path) -> tuple[Path, Path]:
-        """A temporary path for a write of this process, and the final path it is renamed to."""
-        name = f"{uuid.uuid4().hex}{SUFFIX}"
-        return folder / f"{TEMP_PREFIX}{os.getpid()}-{name}", folder / name
+    def unreferenced(self, folder: Path, referenced: set[Path]) -> list[Path]:
+        """The finished blocks and states of one model's folder that are not in `referenced`."""
+        return [self.place(folder, kind, name) for kind in (BLOCK, STATE) for name in self.sizes(folder, kind)
+                if self.place(folder, kind, name) not in referenced]
+
+    @staticmethod
+    def temporary_for(final: Path) -> Path:
+        """A temporary path for a write of this process, renamed to `final` once whole."""
+        return final.parent / f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{final.name}"
 
     @staticmethod
     def commit(temporary: Path, final: Path) -> None:
-        """Rename a finished write into place and make the rename durable."""
+        """Rename a finished write into place (its folder is synced by `sync`)."""
         os.rename(temporary, final)
+
+    @staticmethod
+    def sync(folder: Path) -> None:
+        """Make the renames into `folder` durable: a manifest is committed only after its blocks' renames are."""
         with contextlib.suppress(OSError):
-            descriptor = os.open(final.parent, os.O_RDONLY)
+            descriptor = os.open(folder, os.O_RDONLY)
             try:
                 os.fsync(descriptor)
             finally:
@@ -137,12 +204,13 @@ class SnapshotDirectory:
         Call before this process writes into `folder`: its own pid then names only leftovers.
         """
         stale = []
-        for entry in _listing(folder):
-            if entry.name.startswith(TEMP_PREFIX):
-                pid = entry.name[len(TEMP_PREFIX) :].split("-", 1)[0]
-                with contextlib.suppress(OSError):
-                    if not _another_process_runs(pid) or time.time() - entry.stat().st_mtime > STALE_TEMP_SECONDS:
-                        stale.append(Path(entry.path))
+        for kind_folder in FOLDERS.values():
+            for entry in _listing(folder / kind_folder):
+                if entry.name.startswith(TEMP_PREFIX):
+                    pid = entry.name[len(TEMP_PREFIX) :].split("-", 1)[0]
+                    with contextlib.suppress(OSError):
+                        if not _another_process_runs(pid) or time.time() - entry.stat().st_mtime > STALE_TEMP_SECONDS:
+                            stale.append(Path(entry.path))
         return stale
 
 
@@ -156,6 +224,16 @@ def _listing(folder: Path) -> list[os.DirEntry]:
         return list(os.scandir(folder))
     except OSError:
         return []
+
+
+def _stats(entries: list[os.DirEntry]) -> list[tuple[Path, os.stat_result]]:
+    found = []
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            status = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False):
+                found.append((Path(entry.path), status))
+    return found
 
 
 def _another_process_runs(pid: str) -> bool:

@@ -1,27 +1,32 @@
-"""One KV snapshot as one file: the token ids it holds, its arrays, checksums.
+"""One file of the disk tier: a checked safetensors file (a lane's manifest, a KV block, a positional state).
 
-The file is a plain safetensors file (mlx, numpy and the `safetensors` package
-read it): an 8-byte header length, a JSON header naming each tensor's dtype,
-shape and byte range, then the data. The first tensor is `tokens` (int32), so
-the index reads a header and a few KB of token ids, never KV bytes. The header's
-`__metadata__` says what the file is (format, version, the model identity it
-belongs to, how many tokens were prompt), how to rebuild the cache entry
-(`persisted_entry.py`: its layers, checkpoints and what they share), a CRC-32
-per tensor and one of the header itself (positions and offsets live there).
-Version 2 holds whole entries (end state and checkpoints); version 1 files
-held an end state alone and are refused as foreign.
+Every file is a plain safetensors file (mlx, numpy and the `safetensors`
+package read it): an 8-byte header length, a JSON header naming each tensor's
+dtype, shape and byte range, then the data. The header's `__metadata__` says
+what the file is (format, version, kind, the model identity it belongs to),
+what the disk tier needs to use it (`persisted_entry.py`), a CRC-32 per tensor
+and one of the header itself (positions and offsets live there). A lane's
+manifest has one tensor, its token ids, so the index reads a header and a few
+KB of token ids, never KV bytes.
 
-Writing runs on the disk tier's writer thread and never calls MLX: the
-generation thread hands it numpy views of evaluated arrays (`host_view`, zero
-copy), and the writer streams their bytes. Reading runs on the generation
-thread: `read_header` checks everything that can be checked without the data
-(format, identity, sizes and offsets against the file's length), and
-`load_arrays` loads through `mx.load` and checks every tensor's CRC before any
-of it is trusted.
+Version 3 keeps a lane as a manifest naming its blocks and states, each block
+and state a file of its own written once; version 2 held a whole lane per file
+and version 1 an end state alone: both are refused as foreign (and removed at
+start, `snapshot_directory.py`).
+
+Writing runs on the disk tier's writer thread and never calls MLX (so it cannot
+race the generation thread inside MLX: `mx.save_safetensors` is not an option
+there): the generation thread hands it numpy views of evaluated arrays
+(`host_view`, zero copy), and the writer streams their bytes. Reading runs on
+the generation thread: `read_header` checks everything that can be checked
+without the data (format, kind, identity, sizes and offsets against the file's
+length, the token ids), and `load_arrays` loads through `mx.load` and checks
+every tensor's CRC before any of it is trusted.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -36,7 +41,8 @@ import mlx.core as mx
 import numpy as np
 
 FORMAT = "stable-prefix-kv"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+KINDS = ("lane", "block", "state")
 TOKENS = "tokens"
 HEADER_CRC = "header_crc32"
 # A header is a few KB (a name, dtype, shape and offsets per tensor); anything
@@ -64,7 +70,7 @@ DTYPE_NAMES = {mlx_dtype: name for name, (mlx_dtype, _) in DTYPES.items()}
 
 
 class SnapshotFileError(Exception):
-    """A file that is not a complete, intact snapshot of ours; the message says why."""
+    """A file that is not a complete, intact file of ours; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -94,16 +100,20 @@ def host_view(array: mx.array) -> HostArray:
     return HostArray(name, np.asarray(array))
 
 
+def token_array(tokens: list[int] | np.ndarray) -> HostArray:
+    return HostArray("I32", np.asarray(tokens, dtype=np.int32))
+
+
 @dataclass(frozen=True)
 class SnapshotHeader:
-    """What a file says about itself, checked against its length."""
+    """What a file says about itself, checked against its length (and its token ids, if it has them)."""
 
     identity: str
-    tokens: np.ndarray
-    prompt_length: int
+    kind: str
     metadata: dict[str, str]
     tensors: dict[str, dict[str, Any]]
     file_bytes: int
+    tokens: np.ndarray | None
 
 
 def contiguous_blocks(array: np.ndarray) -> Iterator[np.ndarray]:
@@ -136,27 +146,25 @@ class PreparedSnapshot:
         return len(self.header) + sum(array.nbytes for array in self.arrays)
 
 
-def prepare_snapshot(identity: str, tokens: list[int] | np.ndarray, prompt_length: int,
-                     arrays: dict[str, HostArray], layer_metadata: dict[str, str]) -> PreparedSnapshot:
+def prepare_snapshot(kind: str, identity: str, arrays: dict[str, HostArray], metadata: dict[str, str]) -> PreparedSnapshot:
     """Encode the header (with a CRC-32 of every array, one pass over their bytes)."""
-    ordered = {TOKENS: HostArray("I32", np.asarray(tokens, dtype=np.int32)), **arrays}
     header: dict[str, Any] = {}
     offset = 0
-    for name, array in ordered.items():
+    for name, array in arrays.items():
         header[name] = {"dtype": array.dtype_name, "shape": list(array.data.shape), "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
     header["__metadata__"] = {
-        **layer_metadata,
+        **metadata,
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
+        "kind": kind,
         "identity": identity,
-        "prompt_length": str(prompt_length),
-        "crc32": json.dumps({name: checksum(array.data) for name, array in ordered.items()}),
+        "crc32": json.dumps({name: checksum(array.data) for name, array in arrays.items()}),
     }
     header["__metadata__"][HEADER_CRC] = str(_header_checksum(header))
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # safetensors pads the header to 8 bytes
-    return PreparedSnapshot(struct.pack("<Q", len(encoded)) + encoded, [array.data for array in ordered.values()])
+    return PreparedSnapshot(struct.pack("<Q", len(encoded)) + encoded, [array.data for array in arrays.values()])
 
 
 def write_snapshot(path: Path, prepared: PreparedSnapshot) -> None:
@@ -171,44 +179,59 @@ def write_snapshot(path: Path, prepared: PreparedSnapshot) -> None:
         os.fsync(file.fileno())
 
 
-def read_header(path: Path, identity: str) -> SnapshotHeader:
-    """The header and token ids of the file at `path`; `SnapshotFileError` unless it is
-    a complete snapshot of this format for `identity`."""
+def read_header(path: Path, identity: str, kind: str) -> SnapshotHeader:
+    """The header (and token ids, if any) of the file at `path`; `SnapshotFileError` unless it is
+    a complete file of this format and `kind` for `identity` (a folder name: its first digits suffice)."""
     with open(path, "rb") as file:
         file_bytes = os.fstat(file.fileno()).st_size
-        if file_bytes < 8:
-            raise SnapshotFileError(f"{file_bytes} bytes: shorter than a header")
-        (header_bytes,) = struct.unpack("<Q", file.read(8))
-        if header_bytes > min(MAX_HEADER_BYTES, file_bytes - 8):
-            raise SnapshotFileError(f"header length {header_bytes} does not fit a {file_bytes}-byte file")
+        header, metadata, data_start = _header_of(file, file_bytes)
+        if metadata.get("format_version") != str(FORMAT_VERSION):
+            raise SnapshotFileError(f"format version {metadata.get('format_version')!r}, this build reads {FORMAT_VERSION}")
+        if metadata.get("kind") != kind:
+            raise SnapshotFileError(f"a {metadata.get('kind')!r} file where a {kind} file belongs")
+        if not isinstance(metadata.get("identity"), str) or not metadata["identity"].startswith(identity):
+            raise SnapshotFileError("written for another model identity")
+        for key in ("crc32", HEADER_CRC):
+            if not isinstance(metadata.get(key), str):
+                raise SnapshotFileError(f"metadata {key!r} is missing")
         try:
-            header = json.loads(file.read(header_bytes))
+            if not isinstance(json.loads(metadata["crc32"]), dict):
+                raise ValueError("not an object")
         except ValueError as error:
-            raise SnapshotFileError(f"header is not JSON ({error})") from error
-        metadata = header.get("__metadata__") if isinstance(header, dict) else None
-        _check_metadata(metadata, identity)
+            raise SnapshotFileError(f"metadata is malformed ({error})") from error
         if metadata[HEADER_CRC] != str(_header_checksum(header)):
             raise SnapshotFileError("the header fails its checksum")
         header.pop("__metadata__")
-        data_start = 8 + header_bytes
         data_bytes = _check_tensors(header)
         if data_start + data_bytes != file_bytes:
             raise SnapshotFileError(f"{file_bytes} bytes, but the header describes {data_start + data_bytes}")
-        start, end = header[TOKENS]["data_offsets"]
-        file.seek(data_start + start)
-        tokens = np.frombuffer(file.read(end - start), dtype=np.int32)
-    if header[TOKENS]["dtype"] != "I32" or len(tokens) != int(np.prod(header[TOKENS]["shape"])):
-        raise SnapshotFileError("the token ids are not an int32 vector")
-    if checksum(tokens) != json.loads(metadata["crc32"]).get(TOKENS):
-        raise SnapshotFileError("the token ids fail their checksum")
-    prompt_length = int(metadata["prompt_length"])
-    if not 0 < prompt_length <= len(tokens):
-        raise SnapshotFileError(f"prompt_length {prompt_length} for {len(tokens)} tokens")
-    return SnapshotHeader(identity, tokens.astype(np.int64), prompt_length, metadata, header, file_bytes)
+        tokens = None
+        if TOKENS in header:
+            start, end = header[TOKENS]["data_offsets"]
+            file.seek(data_start + start)
+            tokens = np.frombuffer(file.read(end - start), dtype=np.int32)
+    if tokens is not None:
+        if header[TOKENS]["dtype"] != "I32" or len(tokens) != int(np.prod(header[TOKENS]["shape"])):
+            raise SnapshotFileError("the token ids are not an int32 vector")
+        if checksum(tokens) != json.loads(metadata["crc32"]).get(TOKENS):
+            raise SnapshotFileError("the token ids fail their checksum")
+        tokens = tokens.astype(np.int64)
+    return SnapshotHeader(metadata["identity"], kind, metadata, header, file_bytes, tokens)
 
 
-def load_arrays(path: Path, header: SnapshotHeader) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """Every tensor but the tokens, loaded and checked against its CRC; the layer metadata."""
+def format_version_of(path: Path) -> str | None:
+    """The format version a file of ours says it has (None: not one of our files, or unreadable)."""
+    try:
+        with open(path, "rb") as file:
+            _, metadata, _ = _header_of(file, os.fstat(file.fileno()).st_size)
+    except (OSError, SnapshotFileError):
+        return None
+    version = metadata.get("format_version")
+    return version if isinstance(version, str) else None
+
+
+def load_arrays(path: Path, header: SnapshotHeader) -> dict[str, mx.array]:
+    """Every tensor but the token ids, loaded and checked against its CRC."""
     arrays = mx.load(str(path), format="safetensors")
     mx.eval(arrays)
     crcs = json.loads(header.metadata["crc32"])
@@ -218,32 +241,36 @@ def load_arrays(path: Path, header: SnapshotHeader) -> tuple[dict[str, mx.array]
         if array is None or list(array.shape) != described["shape"] or DTYPE_NAMES.get(array.dtype) != described["dtype"]:
             raise SnapshotFileError(f"tensor {name!r} does not load as its header describes it")
         views[name] = memoryview(array)
-    # zlib releases the GIL: the checksums of a state's tensors run on all cores at once.
-    with ThreadPoolExecutor(max_workers=CHECKSUM_THREADS, thread_name_prefix="kv-checksum") as pool:
-        actual = dict(zip(views, pool.map(zlib.crc32, views.values())))
+    # zlib releases the GIL: the checksums of a file's tensors run on all cores at once.
+    actual = dict(zip(views, _checksum_pool().map(zlib.crc32, views.values())))
     for name, crc in actual.items():
         if crc != crcs.get(name):
             raise SnapshotFileError(f"tensor {name!r} fails its checksum")
-    arrays.pop(TOKENS)
-    return arrays, header.metadata
+    arrays.pop(TOKENS, None)
+    return arrays
 
 
-def _check_metadata(metadata: Any, identity: str) -> None:
-    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
-        raise SnapshotFileError("not a stable-prefix KV snapshot")
-    if metadata.get("format_version") != str(FORMAT_VERSION):
-        raise SnapshotFileError(f"format version {metadata.get('format_version')!r}, this build reads {FORMAT_VERSION}")
-    if metadata.get("identity") != identity:
-        raise SnapshotFileError("written for another model identity")
-    for key in ("prompt_length", "crc32", "layers", HEADER_CRC):
-        if not isinstance(metadata.get(key), str):
-            raise SnapshotFileError(f"metadata {key!r} is missing")
+@functools.cache
+def _checksum_pool() -> ThreadPoolExecutor:
+    """One pool for every load (a lane's load reads a file per block)."""
+    return ThreadPoolExecutor(max_workers=CHECKSUM_THREADS, thread_name_prefix="kv-checksum")
+
+
+def _header_of(file, file_bytes: int) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """The parsed header of an open file, its metadata (checked to be ours) and where its data starts."""
+    if file_bytes < 8:
+        raise SnapshotFileError(f"{file_bytes} bytes: shorter than a header")
+    (header_bytes,) = struct.unpack("<Q", file.read(8))
+    if header_bytes > min(MAX_HEADER_BYTES, file_bytes - 8):
+        raise SnapshotFileError(f"header length {header_bytes} does not fit a {file_bytes}-byte file")
     try:
-        int(metadata["prompt_length"])
-        if not isinstance(json.loads(metadata["crc32"]), dict):
-            raise ValueError("not an object")
+        header = json.loads(file.read(header_bytes))
     except ValueError as error:
-        raise SnapshotFileError(f"metadata is malformed ({error})") from error
+        raise SnapshotFileError(f"header is not JSON ({error})") from error
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise SnapshotFileError("not a stable-prefix KV file")
+    return header, metadata, 8 + header_bytes
 
 
 def _header_checksum(header: dict[str, Any]) -> int:
@@ -255,8 +282,6 @@ def _header_checksum(header: dict[str, Any]) -> int:
 
 def _check_tensors(header: dict[str, Any]) -> int:
     """The data length the tensors cover, back to back from offset 0; raise if they do not."""
-    if TOKENS not in header:
-        raise SnapshotFileError("no token ids")
     spans = []
     for name, tensor in header.items():
         try:

@@ -1,13 +1,15 @@
 """The RAM prefix cache with the disk tier under it, behind PrefixCache's interface.
 
 A request first asks both tiers how much of its prompt they can restore (the
-disk from its index, without reading KV bytes; both by the same rule, so a
-positional model's file with no checkpoint inside the common prefix is never
-loaded). If a disk snapshot restores more, the whole entry (end state and
-checkpoints) is loaded and admitted to the RAM cache (same budget, LRU and
-dominance rules; a checkpoint RAM already holds is shared, not doubled); the
-request is then served from RAM. Every entry the RAM cache keeps is also queued
-for the disk, whose writer works off the request path.
+disk from its index, without reading KV bytes; both by the same rule,
+`prefix_index.py`, so a positional model's lane with no checkpoint inside the
+common prefix is never loaded). If a disk lane restores more, the prefix it
+restores is loaded (only the blocks and checkpoints RAM does not hold) and
+admitted to the RAM cache (same budget, LRU and replacement rules; a block or
+checkpoint RAM already holds is shared, not doubled); the request is then
+served from RAM. Every entry the RAM cache keeps is also queued for the disk,
+whose writer works off the request path and writes only what the directory
+does not hold yet.
 
 A disk fault never reaches the request: the disk tier counts and logs it and
 the request takes what RAM has.
@@ -57,7 +59,7 @@ class TieredCache:
         ram_reuse = self.ram.restorable_prefix(prompt, positional)
         if match is None or match.length <= ram_reuse:
             return None
-        loaded = self.disk.load(match)
+        loaded = self.disk.load(match, self.ram.held_blocks, self.ram.held_checkpoints())
         if loaded is None:
             return None
         self.ram.admit(loaded.entry)

@@ -1,13 +1,5 @@
-"""An agent (opencode, Qwen Code, Pi; the Agent SDK's Claude Code on the Anthropic path) in the stack,
-and what its conversation looked like at both ends of our proxy, for its end-to-end test.
-
-One stack (`agent_stack.py`: engine, door, proxy) serves a whole test module
-(`AgentUnderTest.stack_fixture`): its engine starts once, and what a test's first request shares with
-the module's earlier requests (system prompt, tools) is not prefilled again. `AgentUnderTest.in_stack`
-gives each test the agent's driver (`tools/opencode.py`, `tools/qwen_code.py`) in a fresh scratch
-project, always at the same path (the agents write it into their prompts), nothing scripted at the
-engine's door until the test scripts it (`Stack.script`), and a window on the stack's records that
-starts with the test.
+"""What an agent's conversation (opencode, Qwen Code, Pi; the Agent SDK's Claude Code on the Anthropic path) looked
+like at both ends of our proxy, for its end-to-end test; the scenarios the agents share are `tests/e2e/agent_scenarios.py`.
 
 Each request the agent sent is a `Turn`: its capture record (`addons/capture.py`: the body as the
 agent sent it and as forwarded, the lane and the diagnosis) matched to what the engine's door recorded
@@ -18,17 +10,12 @@ path `cache_read_input_tokens` of the prompt).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from stable_prefix.tools.scratch_project import ScratchProject
 from tests.support import agent_stack
 from tests.support.agent_stack import Stack
 from tests.support.llm_client import send
@@ -43,34 +30,6 @@ MIN_NEW_CONVERSATION_REUSE = 0.90
 # after differ (a conversation continued past midnight).
 BEFORE_MIDNIGHT, AFTER_MIDNIGHT = "Etc/GMT+12", "Etc/GMT-14"
 TURN_TIMEOUT_S = 600.0
-
-
-@dataclass(frozen=True)
-class AgentUnderTest:
-    """One agent's end-to-end module: its driver (`Driver(binary, project, proxy_url, model,
-    max_output_tokens)`) and the output cap its stack serves."""
-
-    driver: Callable[..., Any]
-    answer_tokens: int
-
-    def stack_fixture(self) -> Callable[..., Iterator[Stack]]:
-        """A module-scoped `stack` fixture: the stack the module's tests share, its door ready for scripted tool calls."""
-        @pytest.fixture(scope="module")
-        def stack(tmp_path_factory) -> Iterator[Stack]:
-            root = tmp_path_factory.mktemp("stack")
-            with agent_stack.running_stack(root, require_model(), SERVED_MODEL, self.answer_tokens, CHAT_PATH, script=[]) as shared:
-                yield shared
-
-        return stack
-
-    def in_stack(self, stack: Stack, binary: Path) -> Any:
-        """The agent's driver in a fresh scratch git repository (always `<stack folder>/agent/project`),
-        the stack's records from here on, nothing scripted."""
-        stack.script([])
-        stack.new_window()
-        root = stack.captures_dir.parent / "agent"
-        shutil.rmtree(root, ignore_errors=True)
-        return self.driver(binary, ScratchProject.create(root), stack.proxy.url, SERVED_MODEL, self.answer_tokens)
 
 
 def run(driver: Any, prompt: str, **options) -> None:

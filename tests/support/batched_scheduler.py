@@ -13,6 +13,7 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
 from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.cache.prompt_head import set_head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
@@ -63,11 +64,11 @@ def patched_classes():
 
 
 @contextlib.contextmanager
-def batched_seams(budget_bytes: int = 256 * 2**20, drafting: Drafting | None = None) -> Iterator[BatchedEngineSeams]:
+def batched_seams(budget_bytes: int = 256 * 2**20, block_tokens: int = BLOCK_TOKENS, drafting: Drafting | None = None) -> Iterator[BatchedEngineSeams]:
     """The batched engine's seams on a fresh RAM cache (and `drafting`, if given), with mlx-lm's recurrent
     padding fix as install() puts them; the classes as shipped again afterwards."""
     saved = [(cls, dict(vars(cls))) for cls in patched_classes()]
-    seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=budget_bytes)), drafting)
+    seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=budget_bytes, block_tokens=block_tokens)), drafting)
     seams.install()
     recurrent_padding_fix.install()
     try:

@@ -100,6 +100,8 @@ def check(family: str, directory: Path) -> dict:
     tier.close()
 
     after_restart, restarted_tier = restarted_cache(model, directory)
+    # The whole lane comes back (a load reads the prefix the prompt restores), then the later prompt restores from it.
+    whole = after_restart.fetch(model, tokens + [7])
     from_disk = after_restart.fetch(model, later)
     loaded = last_log_probs(model, from_disk.prompt_cache, later[from_disk.reused :])
     restarted_tier.close()
@@ -110,6 +112,7 @@ def check(family: str, directory: Path) -> dict:
         "second_restore_equals_first": bool(np.array_equal(again, restored)),
         "bytes": cache.ram.stats()["bytes"],
         "reused_after_restart": from_disk.reused,
+        "whole_lane_after_restart": whole.reused == PROMPT_LENGTH,
         "disk_loads": restarted_tier.stats()["disk_loads"],
         "disk_errors": tier.stats()["disk_errors"] + restarted_tier.stats()["disk_errors"],
         "from_disk_equals_split": bool(np.array_equal(loaded, expected)),

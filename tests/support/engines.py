@@ -7,8 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from stable_prefix.bench.reference_answers import UNCACHED_FLAGS
-from stable_prefix.engine_patch.__main__ import DEFAULT_ENGINE
+from stable_prefix.bench.clients.reference_answers import UNCACHED_FLAGS
+from stable_prefix.engine_patch.install import DEFAULT_ENGINE
 
 from .models import TEST_MODEL, require_model
 from .processes import free_port, http_ok, running

@@ -4,7 +4,7 @@ A `Protocol` is what the fuzz tests take as a parameter: its path, a strategy
 for its bodies (well-formed at first, then `mutated`: keys dropped, values of
 the wrong type), and where its system prompt is (the billing rule may remove a
 line there, nowhere else). Adding one is a body strategy and an entry in
-`PROTOCOLS`; whether the proxy's rules apply to it follows `normalize.api_for`
+`PROTOCOLS`; whether the proxy's rules apply to it follows `request_shape.api_for`
 (a path it does not know must pass byte for byte).
 
 `wire_requests(protocol)` turns a body into what a client sends: compact,
@@ -31,8 +31,8 @@ import brotli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stable_prefix.addons.normalize import api_for
 from stable_prefix.addons.request_body import MAX_NESTING
+from stable_prefix.addons.request_shape import api_for
 
 # --- text ---------------------------------------------------------------------------------------
 
@@ -65,12 +65,12 @@ WORDS = [
     "mentions x-anthropic-billing-header: in passing", "💥", "日本語のテキスト", "naïve café", "tab\there", "{\"json\": [1, 2]}",
     f"cut {LONE_SURROGATE} emoji", "\udc00 low half", "\x00nul", "\x1b[31mred\x1b[0m", "\u2028line separator", "\x85next line",
 ]
-# Lines that open opencode's, Qwen Code's and Pi's conversation context (normalize.SYSTEM_CONTEXT_OPENINGS): in a
+# Lines that open opencode's, Qwen Code's and Pi's conversation context (rules/conversation_context.py): in a
 # system prompt the rule moves them, and what follows up to the next one, into the first user message.
 CONTEXT_LINES = ["Today's date: Tue Dec 01 2026", "Git snapshot at conversation start (it may be stale):", "# auto memory",
                  "Current date: 2026-12-01", "Current working directory: /home/dev/project"]
-# The reminders an agent puts on a user message that the rules move (normalize.TURN_REMINDER_OPENINGS,
-# STARTUP_CONTEXT), as whole text parts; the words after each opening are ours.
+# The reminders an agent puts on a user message that the rules move (rules/turn_reminders.py,
+# rules/conversation_context.py: STARTUP_CONTEXT), as whole text parts; the words after each opening are ours.
 AGENT_REMINDER_OPENINGS = [
     "The current date is: Tuesday, December 1, 2026.", "# Plan Mode\nRead and plan; change nothing.",
     "Your operational mode has changed from plan to build.", "This is the Qwen Code. We are setting up the context for our chat.",

@@ -1,4 +1,4 @@
-"""Test-side name for the server harness, which lives in `tools/servers.py` so the
+"""Test-side name for the server harness, which lives in `stable_prefix/servers.py` so the
 demo and the benchmark use the same start/stop code as the tests.
 
 Every server a test starts gets a home directory of its own (unless the test
@@ -12,8 +12,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from stable_prefix.tools import servers
-from stable_prefix.tools.servers import (  # noqa: F401
+from stable_prefix import servers
+from stable_prefix.servers import (  # noqa: F401
     LOOPBACK,
     REPO_ROOT,
     VENV_BIN,

@@ -43,6 +43,7 @@ import functools
 import logging
 import uuid
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from stable_prefix.engine_patch.cache.prompt_head import head_text, set_head_text
@@ -101,6 +102,35 @@ class ServedScheduler:
     @property
     def tokenizer(self) -> Any:
         return self.scheduler._actual_tokenizer
+
+    # --- around the Scheduler's methods (SERVED_SEAMS): each gets the shipped method, bound, first -----------
+
+    def around_schedule_waiting(self, schedule: Callable[[], Any]) -> Any:
+        held = self.plan_waiting()
+        try:
+            return schedule()
+        finally:
+            self.scheduler.waiting.extendleft(reversed(held))
+
+    def around_create_batch_generator(self, create: Callable[[Any], Any], sampling_params: Any) -> Any:
+        generator = create(sampling_params)
+        self.attach(generator)
+        return generator
+
+    def around_process_batch_responses(self, process: Callable[[list[Any]], Any], responses: list[Any]) -> Any:
+        outputs_and_finished = process(responses)
+        self.finished(responses)
+        return outputs_and_finished
+
+    def around_abort_request(self, abort: Callable[[str], Any], request_id: str) -> Any:
+        uid = self.scheduler.request_id_to_uid.get(request_id)  # before the abort forgets it
+        result = abort(request_id)
+        self.left(request_id, uid)
+        return result
+
+    def around_close_batch_generator(self, close: Callable[[], Any]) -> None:
+        close()
+        self.prefills.clear()
 
     # --- the waiting queue ---------------------------------------------------
 
@@ -266,6 +296,20 @@ class ServedScheduler:
         self.contexts.pop(request_id, None)
 
 
+# The Scheduler's methods our cache works around in a scheduler it serves -> the ServedScheduler method run around
+# the shipped one; a scheduler it does not serve (`why_not_served`) runs each as shipped.
+SERVED_SEAMS = {
+    "_schedule_waiting": "around_schedule_waiting",  # plan the requests about to join the batch
+    "_create_batch_generator": "around_create_batch_generator",  # route the generator's inserts and steps through the plans
+    "_process_batch_responses": "around_process_batch_responses",  # keep what each finished sequence holds
+    "_do_abort_request": "around_abort_request",  # a sequence that leaves early keeps nothing
+    "_close_batch_generator": "around_close_batch_generator",  # nor do those of a generator closed
+}
+# Wrapped for every scheduler: `__init__` decides whether ours serves it; the engine core's request contexts are
+# dropped for the requests an error recovery aborts, served or not.
+EVERY_SCHEDULER_SEAMS = ("__init__", "_recover_from_generation_error")
+
+
 class BatchedEngineSeams:
     """Installs the seams above on vllm-mlx's scheduler, engine core and batched engine."""
 
@@ -280,8 +324,7 @@ class BatchedEngineSeams:
         from vllm_mlx import engine_core, scheduler
 
         Scheduler = scheduler.Scheduler
-        for name in ("_schedule_waiting", "_create_batch_generator", "_process_batch_responses", "_do_abort_request", "_close_batch_generator",
-                     "_recover_from_generation_error"):
+        for name in (*SERVED_SEAMS, *EVERY_SCHEDULER_SEAMS):
             if not hasattr(Scheduler, name):
                 logger.warning("engine_patch: vllm-mlx's Scheduler has no %s; the batched engine runs as shipped", name)
                 return []
@@ -292,11 +335,27 @@ class BatchedEngineSeams:
         return patched
 
     def _wrap_scheduler(self, Scheduler: type) -> None:
+        for name, around in SERVED_SEAMS.items():
+            setattr(Scheduler, name, self._served_seam(getattr(Scheduler, name), around))
+        Scheduler.__init__ = self._serve_or_not(Scheduler.__init__)
+        Scheduler._recover_from_generation_error = self._forget_recovered(Scheduler._recover_from_generation_error)
+
+    def _served_seam(self, shipped: Callable[..., Any], around: str) -> Callable[..., Any]:
+        """`shipped` as it was for a scheduler ours does not serve; else its ServedScheduler's `around` method, given
+        `shipped` bound to the scheduler and the call's arguments."""
+        served_of = self.served.get
+
+        @functools.wraps(shipped)
+        def seam(scheduler, *args):
+            served = served_of(scheduler)
+            if served is None:
+                return shipped(scheduler, *args)
+            return getattr(served, around)(functools.partial(shipped, scheduler), *args)
+
+        return seam
+
+    def _serve_or_not(self, init: Callable[..., None]) -> Callable[..., None]:
         seams = self
-        init, schedule = Scheduler.__init__, Scheduler._schedule_waiting
-        create, process = Scheduler._create_batch_generator, Scheduler._process_batch_responses
-        abort, close = Scheduler._do_abort_request, Scheduler._close_batch_generator
-        recover = Scheduler._recover_from_generation_error
 
         @functools.wraps(init)
         def __init__(scheduler, model, tokenizer, config=None):
@@ -315,63 +374,19 @@ class BatchedEngineSeams:
                 seams.drafting.prepare(model)  # at start: auto measures its verify-cost curve
             logger.info("engine_patch: the batched engine's prefix cache is ours (vllm-mlx's own is off)")
 
-        @functools.wraps(schedule)
-        def _schedule_waiting(scheduler):
-            served = seams.served.get(scheduler)
-            if served is None:
-                return schedule(scheduler)
-            held = served.plan_waiting()
-            try:
-                return schedule(scheduler)
-            finally:
-                scheduler.waiting.extendleft(reversed(held))
+        return __init__
 
-        @functools.wraps(create)
-        def _create_batch_generator(scheduler, sampling_params):
-            generator = create(scheduler, sampling_params)
-            served = seams.served.get(scheduler)
-            if served is not None:
-                served.attach(generator)
-            return generator
-
-        @functools.wraps(process)
-        def _process_batch_responses(scheduler, responses):
-            outputs, finished_ids = process(scheduler, responses)
-            served = seams.served.get(scheduler)
-            if served is not None:
-                served.finished(responses)
-            return outputs, finished_ids
-
-        @functools.wraps(abort)
-        def _do_abort_request(scheduler, request_id):
-            uid = scheduler.request_id_to_uid.get(request_id)
-            result = abort(scheduler, request_id)
-            served = seams.served.get(scheduler)
-            if served is not None:
-                served.left(request_id, uid)
-            return result
-
-        @functools.wraps(close)
-        def _close_batch_generator(scheduler):
-            close(scheduler)
-            served = seams.served.get(scheduler)
-            if served is not None:
-                served.prefills.clear()
+    def _forget_recovered(self, recover: Callable[[Any], list[str]]) -> Callable[[Any], list[str]]:
+        contexts = self.contexts
 
         @functools.wraps(recover)
         def _recover_from_generation_error(scheduler):
             aborted = recover(scheduler)
             for request_id in aborted:  # dropped without an abort
-                seams.contexts.pop(request_id, None)
+                contexts.pop(request_id, None)
             return aborted
 
-        Scheduler.__init__ = __init__
-        Scheduler._schedule_waiting = _schedule_waiting
-        Scheduler._create_batch_generator = _create_batch_generator
-        Scheduler._process_batch_responses = _process_batch_responses
-        Scheduler._do_abort_request = _do_abort_request
-        Scheduler._close_batch_generator = _close_batch_generator
-        Scheduler._recover_from_generation_error = _recover_from_generation_error
+        return _recover_from_generation_error
 
     def _carry_request_context(self, EngineCore: type) -> None:
         add_request = EngineCore.add_request

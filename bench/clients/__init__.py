@@ -1,0 +1,1 @@
+"""What sends it and what answers: the replay and the streamed client, the configurations' engines and proxies (stack.py), `stable-prefix up` run as a user runs it, the load scenario, the uncached reference answers."""

@@ -1,0 +1,1 @@
+"""One-off measurements of this machine, each a command (`python -m stable_prefix.bench.probes.X`): decode and prefill costs, the proxy's overhead; run.py takes the prefill yardsticks and the proxy overhead from here."""

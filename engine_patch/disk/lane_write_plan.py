@@ -1,0 +1,47 @@
+"""What one write of a lane puts on disk, decided under the directory lock from what the directory holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stable_prefix.engine_patch.cache.prefix_index import restorable_length
+
+from .persisted_entry import LaneRecord, cut, state_keys
+from .snapshot_directory import BLOCK, STATE, SnapshotDirectory
+from .snapshot_file import PreparedSnapshot
+
+
+class WritePlan:
+    """What one write puts on disk, decided under the directory lock from what the directory holds.
+
+    A block the lane refers to that is neither on disk nor carried by the
+    write (another server evicted it after this tier last saw it) ends the
+    lane at the longest prefix before it that it restores (`truncated`).
+    """
+
+    def __init__(self, files: SnapshotDirectory, folder: Path, record: LaneRecord, blocks: dict[str, PreparedSnapshot],
+                 states: dict[str, PreparedSnapshot]):
+        present_blocks, present_states = files.sizes(folder, BLOCK), files.sizes(folder, STATE)
+        self.present_block_files, self.present_state_files = set(present_blocks), set(present_states)
+        positional = bool(record.positional)
+        length = record.token_count
+        for piece in record.blocks:
+            if piece.key not in present_blocks and piece.key not in blocks:
+                length = restorable_length(record.token_count, record.checkpoint_positions, piece.start, positional)
+                break
+        while length > 0 and positional and any(key not in present_states and key not in states for key in state_keys(cut(record, length))):
+            length = restorable_length(record.token_count, record.checkpoint_positions, length - 1, positional)
+        self.truncated = length < record.token_count
+        self.record = cut(record, length) if length > 0 else None
+        if self.record is None:
+            return
+        block_keys = list(dict.fromkeys(piece.key for piece in self.record.blocks))
+        keys_of_states = state_keys(self.record)
+        self.new_blocks = {key: blocks[key] for key in block_keys if key not in present_blocks}
+        self.new_states = {key: states[key] for key in keys_of_states if key not in present_states}
+        self.present_blocks = [key for key in block_keys if key in present_blocks]
+        self.protected = {files.place(folder, BLOCK, key) for key in self.present_blocks}
+        self.protected |= {files.place(folder, STATE, key) for key in keys_of_states if key in present_states}
+        self.new_bytes = sum(file.file_bytes for file in (*self.new_blocks.values(), *self.new_states.values()))
+        self.footprint = self.new_bytes + sum(present_blocks[key] for key in self.present_blocks) + sum(
+            present_states[key] for key in keys_of_states if key in present_states)

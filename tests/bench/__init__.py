@@ -1,0 +1,1 @@
+"""bench/: the session, the replay and its clients, the metrics and reports, the commands at their smallest."""

@@ -1,0 +1,156 @@
+"""A chat completion stream the engine broke off is completed by the proxy, in the client's open stream.
+
+Through a real mitmdump with our addons, before a relay (`bench/clients/cut_relay.py`) that breaks off the first
+streamed answers of a real patched engine (the long-reply tiny model) as a killed replica does, after a
+chosen number of output events; the proxy's recovery requests go through the same relay to the same engine.
+Greedy answers: the spliced answer must be the engine's uncut answer, text for text and token for token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+
+import openai
+import pytest
+from mitmproxy.http import Headers
+from mitmproxy.test import tflow, tutils
+
+from stable_prefix.addons.sse_events import format_event
+from stable_prefix.addons.stream_recovery import MAX_ATTEMPTS, RECOVERED_NOTE, follow
+from stable_prefix.bench.clients.cut_relay import Cut, cut_relay
+from tests.support.engines import engine
+from tests.support.llm_client import send
+from tests.support.models import FAILOVER_MODEL
+from tests.support.processes import free_port, mitmdump_command, running
+
+CHAT = "/v1/chat/completions"
+MID_REPLY = 30
+SYSTEM = "You are a coding agent. Answer at length. " * 8
+TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read a file.",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+def body(prompt: str, **changes) -> dict:
+    return {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}], "tools": TOOLS,
+            "temperature": 0, "max_tokens": 120, "stream": True, "stream_options": {"include_usage": True}, **changes}
+
+
+def test_a_followed_stream_passes_whole_events_and_never_an_empty_chunk():
+    """mitmproxy writes an empty chunk as one, and an empty chunk ends a chunked body."""
+    request = tutils.treq(method=b"POST", path=b"/v1/chat/completions", headers=Headers(content_type="application/json"),
+                          content=json.dumps(body("Hi")).encode())
+    flow = tflow.tflow(req=request, resp=tutils.tresp(headers=Headers(content_type="text/event-stream")))
+    flow.response.stream = True
+    followed = follow(flow, "replay")
+    event = format_event({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": None}]})
+    assert flow.response.stream(event[:10]) == []
+    assert flow.response.stream(event[10:]) == [event]
+    assert flow.response.stream(b"") == []
+    assert followed.delivered.text() == "Hello"
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory):
+    with engine(tmp_path_factory.mktemp("engine"), "engine", model=FAILOVER_MODEL) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def proxy_before_cuts(replica, log_dir, cut: Cut, **options):
+    with cut_relay(replica.url, cut) as relay:
+        port = free_port()
+        command = mitmdump_command(["addons/strip_billing.py"], relay.url, port, {"upstream_model": "tiny", **options})
+        with running("proxy", command, port=port, log_dir=log_dir) as proxy:
+            yield proxy, relay
+
+
+def chunks_of(answer) -> list[dict]:
+    return [event for event in answer.events if "choices" in event]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("after", [MID_REPLY, 0], ids=["mid-reply", "before-the-first-output"])
+def test_a_greedy_answer_cut_by_the_engine_reaches_the_client_whole_and_equal_to_the_uncut_one(replica, tmp_path, after):
+    request = body(f"Tell the story of parser number {after}.")
+    uncut = send(replica.url, CHAT, request)
+    with proxy_before_cuts(replica, tmp_path, Cut(after)) as (proxy, relay):
+        spliced = send(proxy.url, CHAT, request)
+        log = proxy.log_text()
+    assert [r.cut for r in relay.api_requests()] == [True, False], "the first answer was cut, the replay was not"
+    assert relay.api_requests()[0].content_events == after
+    # Text for text, and token for token as the engine counts them (how it groups tokens into chunks may differ).
+    assert spliced.text == uncut.text
+    assert len({chunk["id"] for chunk in chunks_of(spliced)}) == 1
+    assert sum("role" in (c["choices"] or [{}])[0].get("delta", {}) for c in chunks_of(spliced)) == 1
+    assert spliced.events[-1]["choices"] == [] and spliced.usage["completion_tokens"] == uncut.usage["completion_tokens"]
+    assert spliced.usage["prompt_tokens"] == uncut.usage["prompt_tokens"]
+    assert RECOVERED_NOTE in log and "(replay)" in log and "Traceback" not in log
+
+
+@pytest.mark.server
+def test_the_openai_sdk_reads_the_completed_stream_as_one_completion(replica, tmp_path):
+    request = body("Describe the tokenizer.")
+    uncut = send(replica.url, CHAT, request)
+    with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY)) as (proxy, _):
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-test", max_retries=0)
+        chunks = list(client.chat.completions.create(**{k: v for k, v in request.items() if k != "stream"}, stream=True))
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == uncut.text and len({chunk.id for chunk in chunks}) == 1
+    assert chunks[-1].usage.total_tokens == uncut.usage["total_tokens"]
+
+
+@pytest.mark.server
+def test_a_replay_cut_too_is_asked_again_from_what_the_client_has_by_then(replica, tmp_path):
+    request = body("Explain the cache in detail.")
+    uncut = send(replica.url, CHAT, request)
+    with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY, streams=2)) as (proxy, relay):
+        spliced = send(proxy.url, CHAT, request)
+    assert [r.cut for r in relay.api_requests()] == [True, True, False]
+    assert spliced.text == uncut.text
+
+
+@pytest.mark.server
+def test_a_stream_that_cannot_be_completed_ends_with_the_error_event(replica, tmp_path):
+    with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY, streams=MAX_ATTEMPTS + 1)) as (proxy, relay):
+        answer = send(proxy.url, CHAT, body("Explain the router."))
+        log = proxy.log_text()
+    assert len(relay.api_requests()) == MAX_ATTEMPTS + 1
+    assert answer.events[-1]["error"]["code"] == "engine_unavailable" and "broke off its answer" in answer.events[-1]["error"]["message"]
+    assert "could not complete the stream" in log
+
+
+@pytest.mark.server
+def test_a_stream_that_cannot_be_completed_ends_silently_for_qwen_code_which_sends_again_only_then(replica, tmp_path):
+    """Qwen Code (and Pi) lose the turn to the error event, and send the request again after a silent cut (bench/probes/agent_cuts.py)."""
+    with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY, streams=MAX_ATTEMPTS + 1)) as (proxy, _):
+        connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=120)
+        connection.request("POST", CHAT, body=json.dumps(body("Explain the proxy.")),
+                           headers={"content-type": "application/json", "user-agent": "QwenCode/0.24.4 (linux; x64)"})
+        response, received = connection.getresponse(), b""
+        with pytest.raises(http.client.IncompleteRead):
+            while chunk := response.read1(65536):
+                received += chunk
+        log = proxy.log_text()
+    assert b'"error"' not in received and b"[DONE]" not in received
+    assert "it ends with a silent cut, after which Qwen Code sends it again" in log
+
+
+@pytest.mark.server
+def test_continue_mode_has_the_engine_continue_the_delivered_text(replica, tmp_path):
+    with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY), stream_recovery="continue") as (proxy, relay):
+        spliced = send(proxy.url, CHAT, body("Write about the disk tier."))
+        log = proxy.log_text()
+    cut, continuation = relay.api_requests()
+    assert cut.cut and not continuation.cut and continuation.last_role == "assistant"
+    assert "(continuation)" in log and spliced.events[-1]["choices"] == []
+    assert spliced.usage["prompt_tokens"] + spliced.usage["completion_tokens"] == spliced.usage["total_tokens"]
+    assert len({chunk["id"] for chunk in chunks_of(spliced)}) == 1
+
+
+@pytest.mark.server
+def test_turned_off_the_cut_stream_ends_with_the_error_event_as_before(replica, tmp_path):
+    with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY), stream_recovery="off") as (proxy, relay):
+        answer = send(proxy.url, CHAT, body("Explain the lanes."))
+    assert len(relay.api_requests()) == 1 and "error" in answer.events[-1]

@@ -1,0 +1,1 @@
+"""tools/: what development builds (the tiny models)."""
