@@ -14,8 +14,9 @@ from pathlib import Path
 import psutil
 
 from stable_prefix.engine_patch.disk.disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
+from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
 
-from .install import DEFAULT_ENGINE, ENGINES
+from .install import DEFAULT_DRAFT, DEFAULT_ENGINE, ENGINES
 
 # vllm-mlx's own flag for its batched engine; `--engine batched` passes it on.
 BATCHED_FLAG = "--continuous-batching"
@@ -27,7 +28,7 @@ DEFAULT_BUDGET_FRACTION = 0.25
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
          "g": 10**9, "gb": 10**9, "gib": 2**30}
 USAGE = ("usage: python -m stable_prefix.engine_patch serve MODEL [--engine simple|batched] [--prefix-cache-bytes SIZE] [--prefix-cache-entries N] "
-         "[--no-prefix-cache] [--prefix-cache-dir DIR] [--prefix-cache-disk-bytes SIZE] [--no-disk-cache] [vllm-mlx serve flags]\n"
+         "[--no-prefix-cache] [--prefix-cache-dir DIR] [--prefix-cache-disk-bytes SIZE] [--no-disk-cache] [--draft auto|on|off] [vllm-mlx serve flags]\n"
          "       python -m stable_prefix.engine_patch warm FILE_OR_DIR... --url URL [--model NAME]")
 
 
@@ -69,6 +70,9 @@ def our_flags() -> argparse.ArgumentParser:
                         help="budget for the snapshots on disk (default: 20GiB, never more than the free space minus a margin)")
     parser.add_argument("--no-disk-cache", action="store_true", default=env_flag("ENGINE_PATCH_NO_DISK_CACHE"),
                         help="keep snapshots in RAM only")
+    parser.add_argument("--draft", choices=DRAFT_MODES, default=os.environ.get("ENGINE_PATCH_DRAFT") or DEFAULT_DRAFT,
+                        help="decode with drafts from the session's own tokens: auto (where this machine's verify cost lets them pay), "
+                             f"on, off (default: {DEFAULT_DRAFT})")
     return parser
 
 
@@ -89,6 +93,8 @@ def serve(argv: list[str]) -> None:
         options.prefix_cache_bytes = parse_size(options.prefix_cache_bytes, "ENGINE_PATCH_PREFIX_CACHE_BYTES")
     if isinstance(options.prefix_cache_entries, str):
         options.prefix_cache_entries = positive_int(options.prefix_cache_entries)
+    if options.draft not in DRAFT_MODES:  # only the environment can say so: argparse checks the flag
+        raise SystemExit(f"ENGINE_PATCH_DRAFT={options.draft!r}: choose {', '.join(DRAFT_MODES)}")
     if isinstance(options.prefix_cache_disk_bytes, str):
         options.prefix_cache_disk_bytes = parse_size(options.prefix_cache_disk_bytes, "ENGINE_PATCH_PREFIX_CACHE_DISK_BYTES")
     budget = options.prefix_cache_bytes or int(psutil.virtual_memory().total * DEFAULT_BUDGET_FRACTION)
@@ -108,7 +114,7 @@ def serve(argv: list[str]) -> None:
         disk = None
         if not options.no_disk_cache:
             disk = DiskOptions(Path(options.prefix_cache_dir).expanduser(), options.prefix_cache_disk_bytes or DEFAULT_BUDGET_BYTES)
-        install(budget_bytes=budget, max_entries=options.prefix_cache_entries, disk=disk, engine=engine)
+        install(budget_bytes=budget, max_entries=options.prefix_cache_entries, disk=disk, engine=engine, draft=options.draft)
 
     from vllm_mlx.cli import main as vllm_mlx_main
 

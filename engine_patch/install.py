@@ -7,7 +7,9 @@ its own seams, in its own module:
   `mlx_lm.stream_generate`;
 - `vllm_mlx/batched/`: the continuous-batching scheduler (`--continuous-batching`),
   where a request joins mlx-lm's `BatchGenerator` and where it leaves it.
-Both add, through the same modules: the model's identity for the disk tier
+Both decode with drafts from the session's own tokens where verifying them
+pays (`drafts/`, `--draft auto|on|off`), and add, through the same modules:
+the model's identity for the disk tier
 (`mlx_lm.utils.load_model`, every way vllm-mlx loads a text model), the HTTP
 endpoints and usage fields (`http_api/`), and the per-request costs
 vllm-mlx's path repeats needlessly removed (`vllm_mlx/detokenizer_map.py`; see
@@ -28,6 +30,8 @@ from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
+from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
+from stable_prefix.engine_patch.drafts.drafting import Drafting
 from stable_prefix.engine_patch.http_api import admission, http_endpoints, memory_stats
 from stable_prefix.engine_patch.vllm_mlx import detokenizer_map
 from stable_prefix.engine_patch.vllm_mlx.batched import batched_admission, batched_engine, recurrent_padding_fix
@@ -44,6 +48,8 @@ TESTED_VERSIONS = ("0.3.0", "0.6.0")
 ENGINES = ("simple", "batched")
 # The engine mode `install()`, `serve` and `stable-prefix up` run unless told otherwise (docs/engine.md: the measured choice).
 DEFAULT_ENGINE = "batched"
+# Drafted decoding: on where the verify-cost curve measured at start lets a draft pay (docs/engine.md).
+DEFAULT_DRAFT = "auto"
 
 # Seconds a clean shutdown waits for queued snapshot writes.
 SHUTDOWN_WRITE_SECONDS = 30.0
@@ -61,6 +67,7 @@ class Installed:
     engine: str
     cache: TieredCache
     planner: PrefixPlanner
+    drafting: Drafting
     patched: list[str]
 
     def stats(self) -> dict[str, Any]:
@@ -68,6 +75,7 @@ class Installed:
             **self.cache.stats(),
             **admission.stats(),
             **memory_stats.stats(),
+            **self.drafting.figures(),
             "engine": self.engine,
             "vllm_mlx_version": self.vllm_mlx_version,
             "disabled_reasons": self.planner.unsupported_reasons(),
@@ -91,11 +99,14 @@ def why_unsupported(vllm_mlx: Any) -> str | None:
     return None
 
 
-def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions | None = None, engine: str = DEFAULT_ENGINE) -> Installed | None:
+def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions | None = None, engine: str = DEFAULT_ENGINE,
+            draft: str = DEFAULT_DRAFT) -> Installed | None:
     import vllm_mlx
 
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: choose {' or '.join(ENGINES)}")
+    if draft not in DRAFT_MODES:
+        raise ValueError(f"--draft {draft!r}: choose {', '.join(DRAFT_MODES)}")
     reason = why_unsupported(vllm_mlx)
     if reason:
         logger.warning("engine_patch: vllm-mlx left unpatched: %s", reason)
@@ -104,30 +115,40 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     disk_tier = DiskTier(disk.directory, disk.budget_bytes) if disk else None
     cache = TieredCache(PrefixCache(budget_bytes=budget_bytes, max_entries=max_entries), disk_tier)
     planner = PrefixPlanner(cache)
+    drafting = Drafting(draft, functools.partial(lane_token_ids, cache))
     if engine == "simple":
-        patched = simple_engine.install(planner)
+        patched = simple_engine.install(planner, drafting)
     else:
-        seams = batched_engine.BatchedEngineSeams(planner)
+        seams = batched_engine.BatchedEngineSeams(planner, drafting)
         patched = seams.install() + batched_admission.install(seams.contexts) + recurrent_padding_fix.install()
     if disk_tier is not None:
         patched += _identify_loaded_models(disk_tier)
         atexit.register(disk_tier.close, SHUTDOWN_WRITE_SECONDS)
     patched += detokenizer_map.install()
-    installed = Installed(vllm_mlx.__version__, engine, cache, planner, patched)
+    installed = Installed(vllm_mlx.__version__, engine, cache, planner, drafting, patched)
     patched += http_endpoints.install(cache, installed.stats)
 
     limit = f", at most {max_entries} entries" if max_entries else ""
     on_disk = f"; disk {format_bytes(disk.budget_bytes)} in {disk.directory}" if disk else "; no disk tier"
     logger.info(
-        "engine_patch: prefix cache installed on vllm-mlx %s, %s engine (budget %s%s%s; patched %s)",
+        "engine_patch: prefix cache installed on vllm-mlx %s, %s engine (budget %s%s%s; drafts %s; patched %s)",
         vllm_mlx.__version__,
         engine,
         format_bytes(budget_bytes),
         limit,
         on_disk,
+        draft,
         ", ".join(patched),
     )
     return installed
+
+
+def lane_token_ids(cache: TieredCache) -> list[Any]:
+    """The token ids of every lane the RAM cache holds, oldest first: what drafts may copy from.
+
+    The one place drafting reads the prefix cache's entries (each an array of token ids).
+    """
+    return [entry.tokens for entry in list(cache.ram.entries.values())]
 
 
 def _identify_loaded_models(disk_tier: DiskTier) -> list[str]:

@@ -48,7 +48,8 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 
 # command -> (one-line help, runner taking the remaining arguments)
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
-    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--web] [--cache-bytes SIZE] [-- vllm-mlx flags]; "
+    "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--draft auto|on|off] [--web] [--cache-bytes SIZE] "
+           "[-- vllm-mlx flags]; "
            "the proxy alone before a router or a remote engine: up --upstream URL --served-model-name NAME", _main_of("stack")),
     "router": ("a router before several engines: router smg|haproxy|vllm-router --replica URL ... [--port 8090] [--policy key|round_robin|prefix] [--print]",
                _main_of("router")),
@@ -58,7 +59,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _launcher("codex_cli")),
     "pi": ("Pi against the running stack: pi [--port 8080] [pi arguments]", _launcher("pi")),
     "doctor": ("every pinned client against its registry's newest, and the engine against the tested versions", _main_of("doctor")),
-    "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] [vllm-mlx flags]",
+    "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--draft auto|on|off] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] "
+              "[vllm-mlx flags]",
               _engine_patch("serve")),
     "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),
     "diff": ("compare two captured requests: diff A.json B.json [--normalized] [--json]", _captures("diff")),

@@ -32,7 +32,8 @@ from stable_prefix.addons.capture_folder import claim_new_session, make_private_
 from stable_prefix.agents.claude_code import stack_environment
 from stable_prefix.agents.claude_code_router import router_config
 from stable_prefix.engine_patch.__main__ import parse_size
-from stable_prefix.engine_patch.install import DEFAULT_ENGINE, ENGINES
+from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
+from stable_prefix.engine_patch.install import DEFAULT_DRAFT, DEFAULT_ENGINE, ENGINES
 from stable_prefix.live import CaptureFollower, LogFollower
 from stable_prefix.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
 from stable_prefix.stack_state import DEFAULT_PORT, stack_state_path
@@ -48,7 +49,7 @@ WEB_COLUMNS = ("icon", "path", "method", "status", "size", "time", "comment")
 LOG_TAIL_LINES = 25
 POLL_S = 0.5
 # Engine flags the launcher owns: a second value would move the engine off loopback or off its port.
-RESERVED_ENGINE_FLAGS = ("--host", "--port", "--served-model-name", "--max-tokens", "--prefix-cache-bytes", "--engine", "--continuous-batching")
+RESERVED_ENGINE_FLAGS = ("--host", "--port", "--served-model-name", "--max-tokens", "--prefix-cache-bytes", "--engine", "--continuous-batching", "--draft")
 _WEB_URL = re.compile(r"Web server listening at (\S+)")
 
 
@@ -72,6 +73,7 @@ class StackOptions:
     max_tokens: int = DEFAULT_MAX_TOKENS
     cache_bytes: int | None = None
     engine: str = DEFAULT_ENGINE
+    draft: str = DEFAULT_DRAFT
     capture_dir: Path = DEFAULT_CAPTURE_DIR
     capture: bool = True
     proxy_options: tuple[str, ...] = ()
@@ -106,6 +108,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
                         help=f"batched: requests in flight at once decode together (concurrent subagents); "
                              f"simple: one request at a time (default {DEFAULT_ENGINE})")
+    parser.add_argument("--draft", choices=DRAFT_MODES, default=DEFAULT_DRAFT,
+                        help="decode with drafts from the session's own tokens: auto (where the engine's measured verify cost lets them pay), "
+                             f"on, off (default {DEFAULT_DRAFT})")
     parser.add_argument("--capture-dir", type=Path, default=DEFAULT_CAPTURE_DIR,
                         help=f"where capture sessions go (default: {DEFAULT_CAPTURE_DIR} in the working directory)")
     parser.add_argument("--no-capture", dest="capture", action="store_false",
@@ -126,7 +131,7 @@ def parse_options(argv: list[str]) -> StackOptions:
     for flag in engine_args:
         if flag.split("=")[0] in RESERVED_ENGINE_FLAGS:
             raise StackError(f"{flag}: set by `stable-prefix up` itself (the engine listens on {LOOPBACK}); "
-                             "use --engine-port, --served-model-name, --max-tokens, --cache-bytes or --engine")
+                             "use --engine-port, --served-model-name, --max-tokens, --cache-bytes, --engine or --draft")
     for option in args.proxy_options:
         if "=" not in option:
             raise StackError(f"--set {option}: expected NAME=VALUE")
@@ -140,8 +145,8 @@ def parse_options(argv: list[str]) -> StackOptions:
         raise StackError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
     return StackOptions(model=args.model, port=args.port, engine_port=args.engine_port, web=args.web, web_port=args.web_port,
                         served_model_name=args.served_model_name, max_tokens=args.max_tokens, cache_bytes=args.cache_bytes,
-                        engine=args.engine, capture_dir=args.capture_dir, capture=args.capture, proxy_options=tuple(args.proxy_options),
-                        engine_args=tuple(engine_args))
+                        engine=args.engine, draft=args.draft, capture_dir=args.capture_dir, capture=args.capture,
+                        proxy_options=tuple(args.proxy_options), engine_args=tuple(engine_args))
 
 
 def upstream_options(args: argparse.Namespace, engine_args: list[str]) -> StackOptions:
@@ -192,7 +197,7 @@ def check_ports(ports: dict[str, int]) -> None:
 def engine_command(options: StackOptions, port: int) -> list[str]:
     command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", options.model,
                "--host", LOOPBACK, "--port", str(port), "--served-model-name", options.model_name,
-               "--max-tokens", str(options.max_tokens), "--engine", options.engine]
+               "--max-tokens", str(options.max_tokens), "--engine", options.engine, "--draft", options.draft]
     if options.cache_bytes:
         command += ["--prefix-cache-bytes", str(options.cache_bytes)]
     return command + list(options.engine_args)

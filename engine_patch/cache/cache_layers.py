@@ -18,6 +18,15 @@ objects that never alias a snapshot's arrays. Rewindable layers are also cut
 into blocks of tokens (`copy_block`) and rebuilt from them
 (`restore_from_blocks`, see kv_blocks.py). Nothing else in engine_patch reads
 `state` or `meta_state`, or a KV cache's `keys`, `values` and `offset`.
+
+A drafted decode step (engine_patch/drafts/) feeds a sequence's next token and
+its draft in one forward, and a draft cut short must leave every layer as if
+only the accepted tokens had been fed. The last section here does that, for
+the live caches of one sequence (SimpleEngine) and for mlx-lm's batched ones
+(one count per row): attention layers drop their last tokens (trimmed; a
+sliding window right after that multi-token update still holds the tokens
+before it, so it is cut back too), and recurrent state, which cannot be
+rewound, is put back as it was before the step.
 """
 
 from __future__ import annotations
@@ -27,7 +36,17 @@ import json
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, ConcatenateKVCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    BatchRotatingKVCache,
+    CacheList,
+    ChunkedKVCache,
+    ConcatenateKVCache,
+    KVCache,
+    RotatingKVCache,
+    dynamic_roll,
+)
 
 
 class UnsupportedCache(Exception):
@@ -340,3 +359,126 @@ def layers_from_arrays(arrays: dict[str, mx.array], metadata: dict[str, str]) ->
             raise ValueError(f"unknown cache layer class {entry['class']!r}")
         layers.append(_from_state(layer_class, decode(entry["state"]), decode(entry.get("meta_state")), entry["offset"]))
     return layers
+
+
+# --- a draft cut short: every layer back to the accepted tokens ---------------
+#
+# A drafted step feeds [next token, draft...] (per row of a batch, right-padded
+# to one width) in one forward; the sampler then accepts a prefix of the draft.
+# What the rest left in the caches is dropped here. Attention layers keep one
+# key/value column per token: the last ones go (KVCache trimmed; a row of a
+# batched cache rolled right and its left padding widened, the way mlx-lm's
+# own `finalize` removes the right padding of a prompt batch). A sliding
+# window (`RotatingKVCache`) after a multi-token update holds, in temporal
+# order, the `max_size - 1` tokens before it and the new ones, so cutting its
+# end leaves exactly what feeding only the accepted tokens would have left.
+# Recurrent and convolution state (`ArraysCache`) cannot be rewound: its
+# arrays are saved (by reference: a forward replaces them, never writes into
+# them) before the step and put back for the rows whose draft was cut.
+
+DRAFTABLE_KINDS = (KVCache, ConcatenateKVCache, RotatingKVCache, ArraysCache, CacheList, BatchKVCache, BatchRotatingKVCache)
+
+
+def why_not_draftable(prompt_cache: list[Any]) -> str | None:
+    """None if a draft cut short can be rolled back exactly in every layer, else why not."""
+    for layer in prompt_cache:
+        if type(layer) not in DRAFTABLE_KINDS:
+            return f"a {type(layer).__name__} layer cannot be rolled back after a rejected draft"
+        if isinstance(layer, CacheList):
+            reason = why_not_draftable(list(layer.caches))
+            if reason:
+                return reason
+    return None
+
+
+def recurrent_state(prompt_cache: list[Any]) -> list[Any]:
+    """The recurrent layers' arrays as they are now (None for other layers), for `restore_recurrent_state`."""
+    saved = []
+    for layer in prompt_cache:
+        if isinstance(layer, ArraysCache):
+            saved.append((list(layer.cache), layer.left_padding, layer.lengths))
+        elif isinstance(layer, CacheList):
+            saved.append(recurrent_state(list(layer.caches)))
+        else:
+            saved.append(None)
+    return saved
+
+
+def restore_recurrent_state(prompt_cache: list[Any], saved: list[Any], rows: list[int] | None = None) -> None:
+    """Put the recurrent layers back as `recurrent_state` found them: all rows, or only `rows` of a batch."""
+    for layer, state in zip(prompt_cache, saved):
+        if isinstance(layer, CacheList):
+            restore_recurrent_state(list(layer.caches), state, rows)
+        elif isinstance(layer, ArraysCache):
+            arrays, left_padding, lengths = state
+            if rows is None:
+                layer.cache, layer.left_padding, layer.lengths = list(arrays), left_padding, lengths
+                continue
+            chosen = mx.array([index in rows for index in range(layer.batch_size)])
+            layer.cache = [_rows_from(chosen, old, new) for old, new in zip(arrays, layer.cache)]
+            layer.left_padding = _rows_from(chosen, left_padding, layer.left_padding)
+            layer.lengths = _rows_from(chosen, lengths, layer.lengths)
+
+
+def _rows_from(chosen: mx.array, old: Any, new: Any) -> Any:
+    """`new` with the chosen rows (first axis) taken from `old`."""
+    if old is None or new is None:
+        return new if old is None else old
+    return mx.where(chosen.reshape(-1, *([1] * (new.ndim - 1))), old, new)
+
+
+def drop_last_tokens(prompt_cache: list[Any], count: int) -> None:
+    """Forget the last `count` tokens of a one-sequence cache's attention layers, right after the forward
+    that fed them (recurrent layers are put back with `restore_recurrent_state`)."""
+    if count <= 0:
+        return
+    for layer in prompt_cache:
+        if isinstance(layer, CacheList):
+            drop_last_tokens(list(layer.caches), count)
+        elif isinstance(layer, RotatingKVCache):
+            _drop_from_window(layer, count)
+        elif is_rewindable(layer):
+            layer.trim(count)
+
+
+def _drop_from_window(layer: RotatingKVCache, count: int) -> None:
+    if layer._idx != layer.keys.shape[2]:
+        # Only a multi-token update leaves the window in temporal order with nothing after `_idx`.
+        raise ValueError("a sliding window can only drop tokens right after the multi-token update that fed them")
+    keep = layer._idx - count
+    layer.keys, layer.values = layer.keys[..., :keep, :], layer.values[..., :keep, :]
+    layer._idx = keep
+    layer.offset -= count
+
+
+def drop_last_tokens_per_row(prompt_cache: list[Any], counts: list[int]) -> None:
+    """Forget the last `counts[i]` tokens of row i in a batched cache's attention layers, right after the
+    forward that fed them (recurrent layers are put back with `restore_recurrent_state`)."""
+    if not any(counts):
+        return
+    for layer in prompt_cache:
+        if isinstance(layer, CacheList):
+            drop_last_tokens_per_row(list(layer.caches), counts)
+        elif isinstance(layer, (BatchKVCache, BatchRotatingKVCache)):
+            _drop_per_row(layer, counts)
+
+
+def _drop_per_row(layer: Any, counts: list[int]) -> None:
+    if isinstance(layer, BatchRotatingKVCache) and (layer.rotated or layer._idx != layer.keys.shape[2]):
+        raise ValueError("a sliding window can only drop tokens right after the multi-token update that fed them")
+    shared = min(counts)
+    if isinstance(layer, BatchRotatingKVCache) and shared:
+        # The columns every row drops: the window's end goes (its next update reads the buffer's length).
+        layer.keys, layer.values = layer.keys[..., : layer._idx - shared, :], layer.values[..., : layer._idx - shared, :]
+        layer._offset -= shared
+    if shared:
+        layer._idx -= shared  # a BatchKVCache keeps its capacity: the next update writes over them
+        layer.offset -= shared
+    if shared == max(counts):
+        return
+    rest = mx.array([count - shared for count in counts])
+    # Each row's own garbage rolled to its front, under its left padding (mlx-lm's `finalize`).
+    layer.keys = dynamic_roll(layer.keys, rest[:, None], axis=2)
+    layer.values = dynamic_roll(layer.values, rest[:, None], axis=2)
+    layer.left_padding = layer.left_padding + rest
+    layer.offset = layer.offset - rest

@@ -1,4 +1,4 @@
-"""engine_patch/'s rooms import one way: the cache core knows no disk, no HTTP side and no engine; read from the source, nothing imported."""
+"""engine_patch/'s rooms import one way: the cache core and drafting know no disk, no HTTP side and no engine; read from the source, nothing imported."""
 
 import ast
 from pathlib import Path
@@ -12,7 +12,7 @@ from tests.support.processes import REPO_ROOT
 ENGINE_PATCH = REPO_ROOT / "engine_patch"
 PACKAGE = "stable_prefix.engine_patch"
 # Lowest first: a room may import its own modules and those of rooms before it, never one after it.
-ROOMS = ("cache", "disk", "http_api", "vllm_mlx", "")
+ROOMS = ("cache", "drafts", "disk", "http_api", "vllm_mlx", "")
 # Engine attachments are peers: neither knows the other.
 PEERS = ("vllm_mlx.simple", "vllm_mlx.batched")
 

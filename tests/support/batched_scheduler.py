@@ -18,6 +18,7 @@ from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.cache.prompt_head import set_head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.cache.request_reuse import begin_request, current_request_reuse
+from stable_prefix.engine_patch.drafts.drafting import Drafting
 from stable_prefix.engine_patch.vllm_mlx.batched import recurrent_padding_fix
 from stable_prefix.engine_patch.vllm_mlx.batched.batched_engine import BatchedEngineSeams
 
@@ -31,6 +32,9 @@ class Arrival:
     prompt: str
     max_tokens: int = 8
     head: str | None = None  # the chat head a server's chat route would hand over
+    temperature: float = 0.0
+    min_p: float = 0.0  # sampled arrivals keep only tokens this close to the likeliest (top-p off)
+    repetition_penalty: float = 1.0  # other than 1: a logits processor on this request
 
 
 @dataclass
@@ -60,11 +64,11 @@ def patched_classes():
 
 
 @contextlib.contextmanager
-def batched_seams(budget_bytes: int = 256 * 2**20, block_tokens: int = BLOCK_TOKENS) -> Iterator[BatchedEngineSeams]:
-    """The batched engine's seams on a fresh RAM cache, with mlx-lm's recurrent padding fix as
-    install() puts them; the classes as shipped again afterwards."""
+def batched_seams(budget_bytes: int = 256 * 2**20, block_tokens: int = BLOCK_TOKENS, drafting: Drafting | None = None) -> Iterator[BatchedEngineSeams]:
+    """The batched engine's seams on a fresh RAM cache (and `drafting`, if given), with mlx-lm's recurrent
+    padding fix as install() puts them; the classes as shipped again afterwards."""
     saved = [(cls, dict(vars(cls))) for cls in patched_classes()]
-    seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=budget_bytes, block_tokens=block_tokens)))
+    seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=budget_bytes, block_tokens=block_tokens)), drafting)
     seams.install()
     recurrent_padding_fix.install()
     try:
@@ -98,7 +102,8 @@ def serve(scheduler, arrivals: list[Arrival], seams: BatchedEngineSeams | None =
     for step in range(MAX_STEPS):
         while pending and pending[0].step <= step:
             arrival = pending.pop(0)
-            params = SamplingParams(max_tokens=arrival.max_tokens, temperature=0.0)
+            params = SamplingParams(max_tokens=arrival.max_tokens, temperature=arrival.temperature, top_p=1.0, min_p=arrival.min_p,
+                                    repetition_penalty=arrival.repetition_penalty)
             if seams is not None:
                 seams.contexts[arrival.request_id] = contexts[arrival.request_id] = submitted(arrival.head)
             scheduler.add_request(Request(request_id=arrival.request_id, prompt=arrival.prompt, sampling_params=params))

@@ -97,3 +97,9 @@ def segments_of_next_prefill(generator: Any) -> list[list[list[int]]]:
 def _only_last_token_left(segments: list[list[int]]) -> bool:
     """True once a sequence has only its last prompt token left: the next step starts its decode with it."""
     return len(segments) == 1 and len(segments[0]) == 1
+
+
+def live_uids(generator: Any) -> set[int]:
+    """Every sequence the generator holds: waiting, prefilling or decoding."""
+    uids = {sequence[0] for sequence in generator._unprocessed_sequences}
+    return uids | set(generator._prompt_batch.uids) | set(generator._generation_batch.uids)

@@ -26,6 +26,9 @@ together. The seams, each the narrowest that covers every text request:
   (`recurrent_padding_fix.py`, installed beside these seams): mlx-lm 0.31 lets
   the right padding of a prefill batch into recurrent state, and a cached
   state must be the state of its tokens.
+- Decode steps verify each row's draft where drafting pays (`drafted_decode.py`,
+  on the same generator: its `insert` opens each row's draft session, its
+  generation batch's `next` runs the drafted step).
 - `BatchedEngine._apply_chat_template`: the chat head (system + tools), for
   models that checkpoint it. `_compute_prefix_boundary`, which renders and
   tokenizes every prompt twice more for the shipped cache's sake, is skipped
@@ -47,8 +50,10 @@ from stable_prefix.engine_patch.cache.prompt_head import head_text, set_head_tex
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.cache.request_reuse import RequestReuse, current_request_reuse
 from stable_prefix.engine_patch.cache.shared_prefill import Prefill, SharedPrefills, source_for
+from stable_prefix.engine_patch.drafts.drafting import Drafting
 
 from . import batch_generator_access
+from .drafted_decode import DraftedBatches
 
 logger = logging.getLogger("engine_patch")
 
@@ -81,13 +86,14 @@ def why_not_served(planner: PrefixPlanner, model: Any, config: Any) -> str | Non
 class ServedScheduler:
     """Our cache in one `Scheduler`: its plans, its prefills in flight, its BatchGenerator's seams."""
 
-    def __init__(self, scheduler: Any, planner: PrefixPlanner, contexts: dict[str, contextvars.Context]):
+    def __init__(self, scheduler: Any, planner: PrefixPlanner, contexts: dict[str, contextvars.Context], drafting: Drafting | None = None):
         self.scheduler = scheduler
         self.planner = planner
         self.contexts = contexts
         self.prefills = SharedPrefills()
         self.generator: Any = None
         self.segments_supported = True
+        self.drafted = DraftedBatches(drafting, scheduler.model, scheduler._actual_tokenizer) if drafting is not None else None
 
     @property
     def model(self) -> Any:
@@ -213,6 +219,8 @@ class ServedScheduler:
             return
         generator.insert = functools.partial(self._insert, generator.insert)
         generator.next = functools.partial(self._next, generator.next)
+        if self.drafted is not None:
+            self.drafted.attach(generator, full_prompt)
 
     def _insert(self, original_insert, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
                 logits_processors=None, state_machines=None):
@@ -305,8 +313,9 @@ EVERY_SCHEDULER_SEAMS = ("__init__", "_recover_from_generation_error")
 class BatchedEngineSeams:
     """Installs the seams above on vllm-mlx's scheduler, engine core and batched engine."""
 
-    def __init__(self, planner: PrefixPlanner):
+    def __init__(self, planner: PrefixPlanner, drafting: Drafting | None = None):
         self.planner = planner
+        self.drafting = drafting
         # request id -> the context the request was submitted in (event loop side)
         self.contexts: dict[str, contextvars.Context] = {}
         self.served: weakref.WeakKeyDictionary[Any, ServedScheduler] = weakref.WeakKeyDictionary()
@@ -360,7 +369,9 @@ class BatchedEngineSeams:
             if reason is not None:
                 logger.warning("engine_patch: the batched engine keeps vllm-mlx's own prefix cache: %s", reason)
                 return
-            seams.served[scheduler] = ServedScheduler(scheduler, seams.planner, seams.contexts)
+            seams.served[scheduler] = ServedScheduler(scheduler, seams.planner, seams.contexts, seams.drafting)
+            if seams.drafting is not None:
+                seams.drafting.prepare(model)  # at start: auto measures its verify-cost curve
             logger.info("engine_patch: the batched engine's prefix cache is ours (vllm-mlx's own is off)")
 
         return __init__
@@ -423,6 +434,11 @@ class BatchedEngineSeams:
     def _serves(self, engine: Any) -> bool:
         scheduler = getattr(getattr(getattr(engine, "_engine", None), "engine", None), "scheduler", None)
         return scheduler is not None and scheduler in self.served
+
+
+def full_prompt(prompt: list[int]) -> list[int]:
+    """A prompt as inserted into the generator, whole: a planned one carries the tokens its cache restored."""
+    return list(prompt.prefill.plan.tokens) if isinstance(prompt, PlannedTokens) else list(prompt)
 
 
 class EngineTemplate:

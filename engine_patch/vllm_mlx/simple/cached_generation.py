@@ -83,15 +83,18 @@ class CachedGeneration:
             return
         seen_tokens = list(tokens)
         failed = False
+        responses = self.original(model, tokenizer, mx.array(tokens[position:]), max_tokens, prompt_cache=plan.prompt_cache, **kwargs)
         try:
-            for response in self.original(model, tokenizer, mx.array(tokens[position:]), max_tokens, prompt_cache=plan.prompt_cache, **kwargs):
+            for response in responses:
                 seen_tokens.append(int(response.token))
                 yield response
         except Exception:
             failed = True  # a step may have stopped between layers: the cache is not a state of any prefix
             raise
         finally:
-            # Also when the caller stops early: each token reported was fed before it was yielded.
+            # Closed first, so the generation below leaves its cache settled (a drafted decode rolls back
+            # the tokens it fed but never yielded); also when the caller stops early.
+            responses.close()
             if not failed:
                 self.planner.finish(plan, seen_tokens, plan.prompt_cache)
 

@@ -1,8 +1,11 @@
-"""The prefix cache inside vllm-mlx's SimpleEngine (one request at a time).
+"""The prefix cache and drafted decoding inside vllm-mlx's SimpleEngine (one request at a time).
 
-Four seams, each the narrowest that covers every request:
+Five seams, each the narrowest that covers every request:
 - `mlx_lm.stream_generate`, which every SimpleEngine text generation ends in,
-  is wrapped by `CachedGeneration` (see there for why this depth).
+  is wrapped by `CachedGeneration` (see there for why this depth), and that by
+  `DraftedGeneration`, which hands each request's draft session to
+  `mlx_lm.generate.generate_step`, replaced by its drafted decode
+  (`drafted_generation.py`).
 - vllm-mlx's own system-prefix cache (0.6.0) is switched off for a model our
   cache serves: it restores only the system+tools prefix, keeps whole copies
   per slot and would take the prompt before our cache sees it. For a model our
@@ -23,31 +26,35 @@ import sys
 
 from stable_prefix.engine_patch.cache.prompt_head import set_head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
+from stable_prefix.engine_patch.drafts.drafting import Drafting
 
-from . import admitted_generation
+from . import admitted_generation, drafted_generation
 from .admitted_generation import AdmittedGeneration
 from .cached_generation import CachedGeneration
+from .drafted_generation import DraftedGeneration
 
 logger = logging.getLogger("engine_patch")
 
 
-def install(planner: PrefixPlanner) -> list[str]:
+def install(planner: PrefixPlanner, drafting: Drafting) -> list[str]:
     import mlx_lm
 
     generation = CachedGeneration(mlx_lm.stream_generate, planner.cache, planner)
+    # Outside the cache, so the draft session sees the whole prompt (drafted_generation.py).
+    drafted = DraftedGeneration(generation, drafting)
     # Outermost: prompts beyond the context and abandoned prefills stop before the cache (admission.py).
-    admitted = AdmittedGeneration(generation)
+    admitted = AdmittedGeneration(drafted)
     mlx_lm.stream_generate = admitted
     # mlx_lm.generate() (vllm-mlx's non-streamed path) calls its module's global.
     sys.modules["mlx_lm.generate"].stream_generate = admitted
-    patched = ["mlx_lm.stream_generate", *admitted_generation.install_early_check()]
-    patched += _defer_builtin_prefix_cache(generation)
+    patched = ["mlx_lm.stream_generate", *admitted_generation.install_early_check(), *drafted_generation.install(drafting)]
+    patched += _defer_builtin_prefix_cache(generation, drafting)
     patched += _carry_prompt_head()
     patched += _carry_request_context_to_worker()
     return patched
 
 
-def _defer_builtin_prefix_cache(generation: CachedGeneration) -> list[str]:
+def _defer_builtin_prefix_cache(generation: CachedGeneration, drafting: Drafting) -> list[str]:
     try:
         from vllm_mlx.engine import simple
     except ImportError:
@@ -63,6 +70,7 @@ def _defer_builtin_prefix_cache(generation: CachedGeneration) -> list[str]:
         # Where SimpleEngine decides, at model load, whether its own cache can
         # serve the model, decide whether ours does.
         engine_model["served_by_us"] = generation.supports(model)
+        drafting.prepare(model)  # at load, not on the first request: auto measures its verify-cost curve
         if not engine_model["served_by_us"]:
             logger.warning("engine_patch: this model keeps vllm-mlx's own system-prefix cache")
         return original_probe(cls, model, route)
