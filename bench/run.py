@@ -36,6 +36,7 @@ from stable_prefix.addons.request_shape import api_for
 from stable_prefix.bench.clients.replay import GREEDY, PROXY_MAX_TOKENS_CAP, Measured, max_tokens_policy, steps
 from stable_prefix.bench.clients.stack import (
     PRODUCT,
+    PRODUCT_WITHOUT_DRAFTS,
     SERVED_MODEL_NAME,
     STRONGEST_ANCHORS,
     TOOL_CALL_PARSER,
@@ -505,13 +506,13 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
 
 def comparison(rows: list[Row], keys: list[str], other_engines: list[Configuration] = ()) -> dict[str, Any] | None:
-    """The product against each of the strongest anchors in the run, and against the product with each
-    other checkout's engine (`--engine-tree`), request by request."""
+    """The product against each of the strongest anchors in the run, the product without drafted decoding
+    (12) and the product with each other checkout's engine (`--engine-tree`), request by request."""
     if PRODUCT.key not in keys:
         return None
     of = {key: [row for row in rows if row["configuration"] == key] for key in keys}
     anchors = {}
-    for anchor in [*STRONGEST_ANCHORS, *other_engines]:
+    for anchor in [*STRONGEST_ANCHORS, PRODUCT_WITHOUT_DRAFTS, *other_engines]:
         if anchor.key in keys:
             mine, theirs = of[PRODUCT.key], of[anchor.key]
             anchors[anchor.key] = {

@@ -155,6 +155,8 @@ CONFIGURATIONS = (
     # before recurrent_padding_fix (the before of issue 23, in the same run).
     Configuration("11-patched-one-prefill+addon", PATCHED, True, "patched engine, --prefill-batch-size 1 (one prompt per prefill), behind the addon",
                   ("--prefill-batch-size", "1")),
+    # The product with drafted decoding off: what its default (`--draft auto`) costs or gains (issue 32).
+    Configuration("12-patched-no-drafts+addon", PATCHED, True, "patched engine, --draft off, behind the addon", ("--draft", "off")),
 )
 PRODUCT = CONFIGURATIONS[3]
 BATCHED_ANCHOR = CONFIGURATIONS[6]
@@ -162,6 +164,8 @@ RAPID_MLX_ANCHOR = CONFIGURATIONS[8]
 MLX_LM_ANCHOR = CONFIGURATIONS[4]
 # The anchors the product is compared with pair by pair, strongest first.
 STRONGEST_ANCHORS = (BATCHED_ANCHOR, RAPID_MLX_ANCHOR, MLX_LM_ANCHOR)
+# The product with one of its own features off, compared with it request by request like an anchor.
+PRODUCT_WITHOUT_DRAFTS = CONFIGURATIONS[11]
 
 
 def is_ours(config: Configuration) -> bool:

@@ -42,7 +42,9 @@ def test_configurations_carry_their_engine_flags_and_the_command_passes_them(tmp
     rapid = engine_command(configuration("9"), tmp_path, 8000, ["--log-level", "INFO"])
     assert rapid[0] == str(RAPID_MLX_VENV / "bin" / "vllm-mlx") and rapid[-2:] == ["--log-level", "INFO"]
     assert "--tool-call-parser" in rapid  # as a Claude Code user serves a Qwen model
-    assert [config.number for config in CONFIGURATIONS if is_ours(config)] == ["3", "4", "10", "11"]
+    no_drafts = engine_command(configuration("12"), tmp_path, 8000)
+    assert no_drafts[no_drafts.index("--draft") + 1] == "off"
+    assert [config.number for config in CONFIGURATIONS if is_ours(config)] == ["3", "4", "10", "11", "12"]
 
 
 def test_every_request_asks_for_max_tokens_as_the_addon_caps_it_unless_told_otherwise():
