@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from stable_prefix.addons.chat_splice import pieces_of
 from stable_prefix.addons.sse_events import carries_output
 from stable_prefix.bench.clients.replay import CHAT_COMPLETIONS_PATH, MESSAGES_PATH
 from stable_prefix.bench.clients.stack import SERVED_MODEL_NAME, configuration, started
@@ -24,10 +25,25 @@ def body(temperature: float, model: str | None) -> dict:
     return request if model is None else {**request, "model": model}
 
 
+def pieces(event: dict) -> list[tuple[str, str]]:
+    """(kind, text) of one output event: an Anthropic delta's one text field, or a chat chunk's fields."""
+    if "delta" in event:
+        delta = event["delta"]
+        return [(delta["type"], next((value for key, value in delta.items() if key != "type"), ""))]
+    return [(f"{piece.kind}{piece.index}", piece.text) for choice in event["choices"] for piece in pieces_of(choice.get("delta") or {})]
+
+
 def reply(base_url: str, path: str, temperature: float, model: str | None) -> str:
-    """Everything the reply's output events carried (text, thinking, tool calls), in order."""
+    """Everything the reply's output events carried (text, thinking, tool calls), in order, runs of one kind
+    joined: how an engine groups tokens into events is not the reply (a drafted step sends its accepted run in one)."""
     answer = send(base_url, path, body(temperature, model))
-    output = [event.get("delta") or [choice.get("delta") for choice in event["choices"]] for event in answer.events if carries_output(event)]
+    output: list[list[str]] = []
+    for event in filter(carries_output, answer.events):
+        for kind, text in pieces(event):
+            if output and output[-1][0] == kind:
+                output[-1][1] += text
+            else:
+                output.append([kind, text])
     return json.dumps(output)
 
 
