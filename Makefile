@@ -175,11 +175,11 @@ demo: setup tiny-model
 
 # The side-by-side benchmark of whole turns: vllm-mlx as shipped, its
 # --continuous-batching mode, the patched engine, Rapid-MLX, each direct and
-# behind the addon, and mlx_lm.server; the product in both engine modes
-# -> bench/results/latest.* (about an hour on a 2-core CPU; docs/benchmark.md)
+# behind the addon, and mlx_lm.server; the product in both engine modes and with
+# --draft off -> bench/results/latest.* (about an hour on a 2-core CPU; docs/benchmark.md)
 # QUICK=1: a reduced session, configurations 1,4,7,9,10 -> build/bench-quick/latest.*
-# FULL=1: real Claude Code size (fewer requests, same prompt sizes), the product
-# and the two strongest anchors -> bench/results/full.*
+# FULL=1: real Claude Code size (fewer requests, same prompt sizes), the product,
+# the two strongest anchors and the product with --draft off -> bench/results/full.*
 # Then the restart scenario (disk tier: a killed and restarted engine, cold vs
 # restored, restore throughput on a >= 1 GiB state) -> bench/results/restart.*
 bench: setup tiny-model tiny-model-bench rapid-mlx

@@ -19,15 +19,15 @@ def test_interleaved_configurations_take_turns_going_first():
     assert all(sorted(order) == sorted(config.key for config in configs) for order in orders)
 
 
-def test_full_size_runs_the_product_and_the_two_strongest_anchors_on_fewer_requests_of_full_size():
+def test_full_size_runs_the_product_the_two_strongest_anchors_and_the_product_without_drafts_on_fewer_requests():
     args = parse_args(["--full"])
     assert args.scale == 1.0 and args.limit == 25 and args.name == "full" and args.incontext_repeats == 1
-    assert [config.key for config in args.configurations] == ["4-patched+addon", "7-batched+addon", "9-rapid-mlx+addon"]
+    assert [config.key for config in args.configurations] == ["4-patched+addon", "7-batched+addon", "9-rapid-mlx+addon", "12-patched-no-drafts+addon"]
 
 
 def test_the_default_and_quick_sets_include_the_batched_and_rapid_mlx_anchors():
     default = [config.key for config in parse_args([]).configurations]
-    assert {"5-mlx-lm", "7-batched+addon", "8-rapid-mlx", "9-rapid-mlx+addon", "10-patched-simple+addon"} <= set(default)
+    assert {"5-mlx-lm", "7-batched+addon", "8-rapid-mlx", "9-rapid-mlx+addon", "10-patched-simple+addon", "12-patched-no-drafts+addon"} <= set(default)
     quick = {config.key for config in parse_args(["--quick"]).configurations}
     assert {"4-patched+addon", "10-patched-simple+addon", "7-batched+addon", "9-rapid-mlx+addon"} <= quick
     assert parse_args([]).interleave and not parse_args(["--sequential"]).interleave
