@@ -63,8 +63,8 @@ DEFAULT_SCALE, QUICK_SCALE, FULL_SCALE = 0.2, 0.04, 1.0
 # off (12), so every run shows what the default --draft auto costs where drafting cannot pay (issue 32).
 DEFAULT_CONFIGS, QUICK_CONFIGS = "1,2,3,4,5,6,7,8,9,10,12", "1,4,7,9,10"
 # Full size: the product, the two strongest anchors (the batched engine and Rapid-MLX, behind the addon) and the
-# product with drafting off; the session is cut to its first FULL_LIMIT requests (never its prompt sizes): the fan-out group, the
-# ToolSearch load and the first request of the new conversation after the commit are among them.
+# product with drafting off; the session is cut to its first FULL_LIMIT requests (never its prompt sizes): the
+# fan-out group, the ToolSearch load and the first request of the new conversation after the commit are among them.
 FULL_CONFIGS, FULL_LIMIT = "4,7,9,12", 25
 # The in-context prefill yardstick, by default for the patched and batched engines: not vllm-mlx's
 # SimpleEngine as shipped (1, 2: they re-prefill most of each prompt, which takes minutes longer),
