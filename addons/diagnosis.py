@@ -123,6 +123,16 @@ _ENVIRONMENT_LINE = re.compile(
 # with for cross-conversation reuse. Each is held as its prompt order (about
 # the size of the request body), so memory stays bounded: ~32 bodies.
 RECENT_REQUESTS = 32
+# What the diagnosis holds per lane (its last prompt, as sent and as forwarded) is bounded, since every
+# Claude Code subagent instance is a lane of its own and a day of subagents is thousands of them
+# (unbounded, 500 subagent lanes of ~60 KB prompts held ~100 MB). Past either bound the least
+# recently used lane goes, subagent and side lanes before the main agent's: a finished subagent never
+# sends again, a main lane does every turn. Its counts stay in its group's totals; were it to come back
+# it would start as a first request. 128 lanes holds a fan-out of tens of subagents besides the main
+# and side lanes of a few conversations; 64 MiB of serialized prompt bytes (the prompts' JSON values
+# beside them, about as much again) holds ten 200K-token conversations of both forms.
+MAX_LANES = 128
+MAX_LANE_PROMPT_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -392,6 +402,30 @@ class LaneState:
     breaks: Counter = field(default_factory=Counter)  # cause -> count
     neutralized: Counter = field(default_factory=Counter)
 
+    @property
+    def prompt_bytes(self) -> int:
+        """The serialized bytes of the prompts it holds (both forms; shared segments counted twice)."""
+        return self.raw.total_bytes + self.forwarded.total_bytes
+
+    def totals(self, lane: str) -> dict:
+        return {
+            "group": lane_group(lane),
+            "requests": self.requests,
+            "compared": self.compared,
+            "prefix_kept": self.kept,
+            "prefix_broke": self.compared - self.kept,
+            "stable_prefix_bytes": self.stable_bytes,
+            "total_bytes": self.total_bytes,
+            "stable_prefix_ratio": round(self.stable_bytes / self.total_bytes, 6) if self.total_bytes else None,
+            "breaks": dict(self.breaks),
+            "neutralized": dict(self.neutralized),
+        }
+
+
+def is_main_lane(lane: str) -> bool:
+    """A lane of the main agent (`main`, `main-<hash>`), not one of its instances' or forks'."""
+    return lane.startswith("main") and "@" not in lane
+
 
 class PrefixDiagnosis:
     """Follows every lane of a session; one `observe()` per request, in order.
@@ -400,10 +434,13 @@ class PrefixDiagnosis:
     addon knows them; a folder of captures does not): a break is then never
     blamed on a rule that was on."""
 
-    def __init__(self, rules: Rules | None = None) -> None:
+    def __init__(self, rules: Rules | None = None, max_lanes: int = MAX_LANES, max_lane_prompt_bytes: int = MAX_LANE_PROMPT_BYTES) -> None:
         self.rules = rules
         self.lane_names = LaneNames()
-        self.lanes: dict[str, LaneState] = {}
+        self.lanes: dict[str, LaneState] = {}  # least recently used first
+        self.max_lanes, self.max_lane_prompt_bytes = max_lanes, max_lane_prompt_bytes
+        self.held_prompt_bytes = 0  # of every lane's state, kept as they change
+        self.retired: dict[str, dict] = {}  # group -> the totals of its lanes let go, added up (one per type, not per lane)
         self.recent: deque[tuple[str, int, PromptOrder]] = deque(maxlen=RECENT_REQUESTS)
 
     def observe(
@@ -416,10 +453,14 @@ class PrefixDiagnosis:
         lane = lane or self.lane_names.name_for(client.signature)
         reuse = untouched_segments(client, changes) if changes is not None else None
         forwarded = prompt_order(forwarded_body, client.api, reuse)
-        state = self.lanes.get(lane)
+        state = self.lanes.pop(lane, None)  # put back last: the most recently used
         if state is None:
-            self.lanes[lane] = LaneState(client.order, forwarded, client.session, client.empty_system_message, client.mode, requests=1)
+            state = self.lanes[lane] = LaneState(client.order, forwarded, client.session, client.empty_system_message, client.mode, requests=1)
+            self.held_prompt_bytes += state.prompt_bytes
+            self._bound(lane)
             return self._remember(Diagnosis(lane, 1, None, forwarded.total_bytes, shared=self._best_earlier(forwarded)), forwarded)
+        self.lanes[lane] = state
+        self.held_prompt_bytes -= state.prompt_bytes
         comparison = compare(state.forwarded, forwarded)
         explained_by = cause = shared = None
         if not comparison.prefix_kept:
@@ -438,6 +479,8 @@ class PrefixDiagnosis:
                 neutralized = Neutralized(rule, raw_comparison.first_divergence)
         state.raw, state.forwarded, state.session = client.order, forwarded, client.session or state.session
         state.empty_system_message, state.mode = client.empty_system_message, client.mode
+        self.held_prompt_bytes += state.prompt_bytes
+        self._bound(lane)
         state.requests += 1
         state.compared += 1
         state.kept += comparison.prefix_kept
@@ -475,6 +518,18 @@ class PrefixDiagnosis:
             return COMPACTION
         return NEW_CONVERSATION if is_main else NEW_TASK
 
+    def _bound(self, current: str) -> None:
+        """Let lanes go, least recently used first and the main agent's last, until both bounds hold
+        (the current lane stays, however big)."""
+        while len(self.lanes) > self.max_lanes or self.held_prompt_bytes > self.max_lane_prompt_bytes:
+            others = [lane for lane in self.lanes if lane != current]
+            if not others:
+                return
+            victim = next((lane for lane in others if not is_main_lane(lane)), others[0])
+            state = self.lanes.pop(victim)
+            self.held_prompt_bytes -= state.prompt_bytes
+            _add_to_group(self.retired, state.totals(victim))
+
     def _best_earlier(self, forwarded: PromptOrder) -> SharedPrefix | None:
         """The longest prefix shared with any recent request (the latest of equals)."""
         best = None
@@ -489,35 +544,15 @@ class PrefixDiagnosis:
         return result
 
     def totals(self) -> dict[str, dict]:
-        """Per lane; `breaks` counts them by cause, `group` is the type lane an instance lane belongs to."""
-        return {
-            lane: {
-                "group": lane_group(lane),
-                "requests": state.requests,
-                "compared": state.compared,
-                "prefix_kept": state.kept,
-                "prefix_broke": state.compared - state.kept,
-                "stable_prefix_bytes": state.stable_bytes,
-                "total_bytes": state.total_bytes,
-                "stable_prefix_ratio": round(state.stable_bytes / state.total_bytes, 6) if state.total_bytes else None,
-                "breaks": dict(state.breaks),
-                "neutralized": dict(state.neutralized),
-            }
-            for lane, state in self.lanes.items()
-        }
+        """Per lane held; `breaks` counts them by cause, `group` is the type lane an instance lane belongs to."""
+        return {lane: state.totals(lane) for lane, state in self.lanes.items()}
 
     def group_totals(self) -> dict[str, dict]:
-        """The lanes of each subagent type with more than one instance, added up."""
-        groups: dict[str, dict] = {}
+        """The instance lanes of each subagent type, added up, with every lane of it let go (`_bound`)."""
+        groups = {name: {**group, "breaks": Counter(group["breaks"]), "neutralized": Counter(group["neutralized"])} for name, group in self.retired.items()}
         for lane, total in self.totals().items():
-            if total["group"] == lane:
-                continue
-            group = groups.setdefault(total["group"], {"instances": 0, "breaks": Counter(), "neutralized": Counter()})
-            group["instances"] += 1
-            for key in ("requests", "compared", "prefix_kept", "prefix_broke", "stable_prefix_bytes", "total_bytes"):
-                group[key] = group.get(key, 0) + total[key]
-            group["breaks"].update(total["breaks"])
-            group["neutralized"].update(total["neutralized"])
+            if total["group"] != lane:
+                _add_to_group(groups, total)
         for group in groups.values():
             group["stable_prefix_ratio"] = round(group["stable_prefix_bytes"] / group["total_bytes"], 6) if group["total_bytes"] else None
             group["breaks"], group["neutralized"] = dict(group["breaks"]), dict(group["neutralized"])
@@ -528,6 +563,16 @@ class PrefixDiagnosis:
         for group, total in self.group_totals().items():
             lines.append(f"lanes {group}@* · {total['instances']} instances · {total['requests']} requests" + _summary_tail(total))
         return lines
+
+
+def _add_to_group(groups: dict[str, dict], total: dict) -> None:
+    """Adds one lane's totals to its group's."""
+    group = groups.setdefault(total["group"], {"instances": 0, "breaks": Counter(), "neutralized": Counter()})
+    group["instances"] += 1
+    for key in ("requests", "compared", "prefix_kept", "prefix_broke", "stable_prefix_bytes", "total_bytes"):
+        group[key] = group.get(key, 0) + total[key]
+    group["breaks"].update(total["breaks"])
+    group["neutralized"].update(total["neutralized"])
 
 
 def _summary_tail(total: dict) -> str:

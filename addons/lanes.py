@@ -338,13 +338,22 @@ def _output_schema_fields(body: dict) -> set[str]:
     return fields
 
 
+# How many subagent instances' names are remembered (least recently named first out): every instance is
+# a new one, so a day of subagents would grow the map without end. An instance named again after it went
+# gets the name its signature gives, the same unless its type lane's identity changed meanwhile; only a
+# fork of a parent gone is named after its type lane. 4,096 is hours of subagents at ~200 B each.
+# `_names` and `_told` hold one entry per subagent type, not per instance: they stay as they are.
+MAX_NAMED_INSTANCES = 4096
+
+
 class LaneNames:
     """Gives each signature a stable, readable name (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_instances: int = MAX_NAMED_INSTANCES) -> None:
         self._names: dict[LaneSignature, str] = {}
         self._told: dict[tuple[str, str, LaneSignature], str] = {}  # (kind, type the client named, identity) -> lane
-        self._instances: dict[str, str] = {}  # instance -> its lane, for a fork's parent
+        self._instances: dict[str, str] = {}  # instance -> its lane, for a fork's parent; least recently named first
+        self.max_instances = max_instances
 
     def name_for(self, signature: LaneSignature) -> str:
         if signature.auxiliary_type and not signature.tools:
@@ -364,7 +373,10 @@ class LaneNames:
             lane = f"{self._told_name('sub', signature.agent_type, signature)}@{signature.instance}"
         else:
             lane = f"{name}@{signature.instance}"
-        return self._instances.setdefault(signature.instance, lane)
+        lane = self._instances[signature.instance] = self._instances.pop(signature.instance, lane)  # put back last
+        while len(self._instances) > self.max_instances:
+            del self._instances[next(iter(self._instances))]
+        return lane
 
     @staticmethod
     def _is_fork(signature: LaneSignature, name: str) -> bool:

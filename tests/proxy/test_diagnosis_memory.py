@@ -1,0 +1,109 @@
+"""What the proxy keeps per lane is bounded: every Claude Code subagent instance is a lane of its own,
+and a day of them must not grow the proxy (issue #36, item 4)."""
+
+import copy
+import gc
+import tracemalloc
+
+from stable_prefix.addons import normalize
+from stable_prefix.addons.diagnosis import MAX_LANE_PROMPT_BYTES, MAX_LANES, PrefixDiagnosis, PromptSnapshot
+from stable_prefix.addons.lanes import LaneNames, lane_signature
+from stable_prefix.addons.normalize import Rules
+from tests.fixtures import claude_code
+
+# A subagent's task of ~60 KB: the size of a real Claude Code subagent's prompt.
+TASK_PADDING = "Read the module and report what each function does. " * 1150
+
+
+def instance_id(number: int) -> str:
+    """A distinct agent id per instance (lanes are named by its first 8 characters)."""
+    return f"{number * 2654435761 % 16**8:08x}{number:08x}"
+
+
+def send(diagnosis: PrefixDiagnosis, body: dict, headers: dict):
+    body = copy.deepcopy(body)
+    snapshot = PromptSnapshot.of(body, "anthropic", headers)
+    normalize.normalize(body, "anthropic", Rules())
+    return diagnosis.observe(snapshot, body)
+
+
+def send_subagent(diagnosis: PrefixDiagnosis, number: int, turns: int = 1):
+    body = claude_code.modern_subagent_request("explore", turns, task=f"Task {number}. {TASK_PADDING}")
+    return send(diagnosis, body, claude_code.agent_headers(instance_id(number)))
+
+
+def test_a_day_of_new_subagent_lanes_does_not_grow_what_the_diagnosis_holds():
+    diagnosis = PrefixDiagnosis(Rules())
+    tracemalloc.start()  # from the first lane: what goes must have been traced coming in
+    try:
+        for number in range(300):
+            send_subagent(diagnosis, number)
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for number in range(300, 500):
+            send_subagent(diagnosis, number)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # Unbounded, these 200 lanes held ~39 MB (~200 KB each: the prompt as sent and as forwarded).
+    assert grown < 2_000_000, f"200 more subagent lanes grew the diagnosis by {grown:,} B"
+    assert len(diagnosis.lanes) <= MAX_LANES and diagnosis.held_prompt_bytes <= MAX_LANE_PROMPT_BYTES
+
+
+def test_the_main_lane_outlives_a_day_of_subagents():
+    diagnosis = PrefixDiagnosis(Rules(), max_lanes=8)
+    send(diagnosis, claude_code.modern_request(3), claude_code.agent_headers())
+    for number in range(40):
+        send_subagent(diagnosis, number)
+    result = send(diagnosis, claude_code.modern_request(4), claude_code.agent_headers())
+    assert result.lane == "main" and result.request_in_lane == 2 and result.comparison.prefix_kept
+
+
+def test_the_least_recently_used_subagent_lane_goes_first():
+    diagnosis = PrefixDiagnosis(Rules(), max_lanes=3)
+    first, second, third = (send_subagent(diagnosis, number).lane for number in range(3))
+    send_subagent(diagnosis, 0, turns=2)  # the first instance goes on: now the second is the least recently used
+    fourth = send_subagent(diagnosis, 3).lane
+    assert list(diagnosis.lanes) == [third, first, fourth] and second not in diagnosis.lanes
+
+
+def test_the_byte_bound_lets_lanes_go_before_the_count_bound():
+    one_lane = send_subagent(PrefixDiagnosis(Rules()), 0)
+    diagnosis = PrefixDiagnosis(Rules(), max_lane_prompt_bytes=5 * 2 * one_lane.total_bytes)  # both forms of five prompts
+    for number in range(12):
+        send_subagent(diagnosis, number)
+    assert len(diagnosis.lanes) <= 5 and diagnosis.held_prompt_bytes <= diagnosis.max_lane_prompt_bytes
+
+
+def test_a_lane_bigger_than_the_byte_bound_is_still_compared_with_its_last_request():
+    diagnosis = PrefixDiagnosis(Rules(), max_lane_prompt_bytes=1000)
+    send_subagent(diagnosis, 0)
+    result = send_subagent(diagnosis, 0, turns=2)
+    assert result.request_in_lane == 2 and result.comparison.prefix_kept
+
+
+def test_lanes_let_go_still_count_in_their_groups_totals():
+    diagnosis = PrefixDiagnosis(Rules(), max_lanes=4)
+    for number in range(10):
+        send_subagent(diagnosis, number)
+        send_subagent(diagnosis, number, turns=2)
+    [(group, total)] = diagnosis.group_totals().items()
+    assert total["instances"] == 10 and total["requests"] == 20 and total["prefix_kept"] == 10
+    assert any(line.startswith(f"lanes {group}@* · 10 instances · 20 requests") for line in diagnosis.summary_lines())
+
+
+def test_lane_names_remember_a_bounded_number_of_instances():
+    names = LaneNames(max_instances=16)
+    body = claude_code.modern_subagent_request("explore")
+    lanes = [names.name_for(lane_signature(body, "anthropic", claude_code.agent_headers(instance_id(number)))) for number in range(100)]
+    assert len(set(lanes)) == 100 and len(names._instances) == 16
+
+
+def test_an_instance_named_again_keeps_its_name():
+    names = LaneNames(max_instances=2)
+    body = claude_code.modern_subagent_request("explore")
+    name = names.name_for(lane_signature(body, "anthropic", claude_code.agent_headers(instance_id(0))))
+    for number in range(1, 5):
+        names.name_for(lane_signature(body, "anthropic", claude_code.agent_headers(instance_id(number))))
+    assert names.name_for(lane_signature(body, "anthropic", claude_code.agent_headers(instance_id(0)))) == name
