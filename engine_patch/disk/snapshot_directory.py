@@ -7,10 +7,10 @@
         lanes/<uuid>.kv           a lane's manifest (snapshot_file.py), 0600, never rewritten
         blocks/<key>.kvblock      a KV block, named by its key, written once
         states/<key>.kvstate      a positional state (a checkpoint, an end state), written once
-        */.tmp-<pid>-<uuid>-...   a write in flight
+        */.tmp-<host>-<pid>-<uuid>-...  a write in flight, by the process and host that writes it
 
-Several servers may share DIR: files are written under per-process temporary
-names and renamed into place (a block's name is its key, so two servers
+Several servers, on several hosts, may share DIR: files are written under
+temporary names of their host and process and renamed into place (a block's name is its key, so two servers
 writing the same block write the same file), and the budget covers every
 model's files, so each write checks it under the lock, held from the budget
 check to the last rename. Eviction is by lane (a manifest): files no manifest
@@ -26,7 +26,9 @@ import collections
 import contextlib
 import fcntl
 import os
+import re
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,8 +45,19 @@ TEMP_PREFIX = ".tmp-"
 # Never fill the user's disk: keep this much free whatever the budget says.
 FREE_SPACE_MARGIN_BYTES = 2**30
 FREE_SPACE_MARGIN_SHARE = 0.05
-# A temporary file this old is a crashed write, whoever's pid it names.
+# A temporary file this old is a crashed write, whoever's pid it names. A pid is only proof of a crash on its
+# own host: another host's write (replicas on one network share) is judged by its age alone.
 STALE_TEMP_SECONDS = 24 * 3600
+
+
+def host_label(hostname: str) -> str:
+    """A host's name as it goes into a temporary file's name: no `-` (the name's separator), no path characters."""
+    return re.sub(r"[^A-Za-z0-9.]", "_", hostname)[:64] or "_"
+
+
+# This host, as its temporary files name it. A Mac may change its name with its network: its own files of
+# before then read as another host's and go when a day old.
+HOST = host_label(socket.gethostname())
 
 
 def free_and_total_bytes(path: Path) -> tuple[int, int]:
@@ -180,8 +193,8 @@ class SnapshotDirectory:
 
     @staticmethod
     def temporary_for(final: Path) -> Path:
-        """A temporary path for a write of this process, renamed to `final` once whole."""
-        return final.parent / f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{final.name}"
+        """A temporary path for a write of this process on this host, renamed to `final` once whole."""
+        return final.parent / f"{TEMP_PREFIX}{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{final.name}"
 
     @staticmethod
     def commit(temporary: Path, final: Path) -> None:
@@ -198,18 +211,22 @@ class SnapshotDirectory:
             finally:
                 os.close(descriptor)
 
-    def stale_temporary_files(self, folder: Path) -> list[Path]:
-        """Temporary files of writes that crashed: their process is gone, or they are a day old.
+    def stale_temporary_files(self, folder: Path, host: str = HOST) -> list[Path]:
+        """Temporary files of writes that crashed: this host's whose process is gone, or any a day old.
 
+        Another host's file (or one of the older `.tmp-<pid>-` form, whose host is unknown) is never
+        judged by this host's processes: its pid may be free here while its writer runs there.
         Call before this process writes into `folder`: its own pid then names only leftovers.
         """
         stale = []
         for kind_folder in FOLDERS.values():
             for entry in _listing(folder / kind_folder):
                 if entry.name.startswith(TEMP_PREFIX):
-                    pid = entry.name[len(TEMP_PREFIX) :].split("-", 1)[0]
+                    writer_host, _, rest = entry.name[len(TEMP_PREFIX) :].partition("-")
+                    pid = rest.split("-", 1)[0]
                     with contextlib.suppress(OSError):
-                        if not _another_process_runs(pid) or time.time() - entry.stat().st_mtime > STALE_TEMP_SECONDS:
+                        crashed_here = writer_host == host and not _another_process_runs(pid)
+                        if crashed_here or time.time() - entry.stat().st_mtime > STALE_TEMP_SECONDS:
                             stale.append(Path(entry.path))
         return stale
 

@@ -361,9 +361,10 @@ def test_a_write_that_crashed_midway_leaves_a_temporary_file_the_next_start_remo
     (path,) = snapshot_files(directory)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(finished.stdout)
-    crashed = path.parent / f".tmp-{dead_pid}-{'0' * 32}.kv"
+    host = snapshot_directory.HOST
+    crashed = path.parent / f".tmp-{host}-{dead_pid}-{'0' * 32}.kv"
     crashed.write_bytes(path.read_bytes()[:500])
-    in_flight = path.parent / f".tmp-{os.getppid()}-{'1' * 32}.kv"  # a live process's write
+    in_flight = path.parent / f".tmp-{host}-{os.getppid()}-{'1' * 32}.kv"  # a live process's write
     in_flight.write_bytes(b"partial")
     restarted = open_tier(model)
     serve(tiered(restarted), model, tokens(1, 100) + [4])
