@@ -9,11 +9,8 @@ The rooms, each importing only the ones listed before it:
 (tests/engine/test_engine_patch_layers.py holds them to it.)
 
 `python -m stable_prefix.engine_patch serve MODEL [vllm-mlx serve flags]` installs it and
-runs vllm-mlx's own CLI; `install()` is the same thing for embedding.
+runs vllm-mlx's own CLI; `install.install()` is the same thing for embedding.
+
+Importing this package imports nothing else: `defaults.py` (the engine modes and sizes the CLI offers) must load in a
+proxy-only install, without mlx-lm, numpy or psutil (the engine is the `[engine]` extra).
 """
-
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
-
-from .install import install
-
-__all__ = ["install", "PrefixCache"]

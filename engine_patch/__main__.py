@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,9 +13,8 @@ from pathlib import Path
 import psutil
 
 from stable_prefix.engine_patch.disk.disk_tier import DEFAULT_BUDGET_BYTES, DEFAULT_DIRECTORY
-from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
 
-from .install import DEFAULT_DRAFT, DEFAULT_ENGINE, ENGINES
+from .defaults import DEFAULT_DRAFT, DEFAULT_ENGINE, DRAFT_MODES, ENGINES, parse_size
 
 # vllm-mlx's own flag for its batched engine; `--engine batched` passes it on.
 BATCHED_FLAG = "--continuous-batching"
@@ -25,18 +23,9 @@ BATCHED_FLAG = "--continuous-batching"
 # model itself and the live request's cache need the rest.
 DEFAULT_BUDGET_FRACTION = 0.25
 
-UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-         "g": 10**9, "gb": 10**9, "gib": 2**30}
 USAGE = ("usage: python -m stable_prefix.engine_patch serve MODEL [--engine simple|batched] [--prefix-cache-bytes SIZE] [--prefix-cache-entries N] "
          "[--no-prefix-cache] [--prefix-cache-dir DIR] [--prefix-cache-disk-bytes SIZE] [--no-disk-cache] [--draft auto|on|off] [vllm-mlx serve flags]\n"
          "       python -m stable_prefix.engine_patch warm FILE_OR_DIR... --url URL [--model NAME]")
-
-
-def parse_size(text: str, flag: str = "--prefix-cache-bytes") -> int:
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in UNITS:
-        raise argparse.ArgumentTypeError(f"{flag}: {text!r} is not a size (examples: 8GiB, 512MB, 1000000)")
-    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
 
 
 def size_of(flag: str) -> Callable[[str], int]:

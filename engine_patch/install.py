@@ -28,9 +28,9 @@ from typing import Any
 
 from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
+from stable_prefix.engine_patch.defaults import DEFAULT_DRAFT, DEFAULT_ENGINE, DRAFT_MODES, ENGINES, TESTED_VERSIONS  # noqa: F401
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
-from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 from stable_prefix.engine_patch.http_api import admission, http_endpoints, memory_stats
 from stable_prefix.engine_patch.vllm_mlx import detokenizer_map
@@ -39,17 +39,6 @@ from stable_prefix.engine_patch.vllm_mlx.simple import simple_engine
 
 logger = logging.getLogger("engine_patch")
 
-# The releases the patch is run against in `make test`, and only those: 0.6.0
-# runs the whole suite, 0.3.0 (no cache of its own on the chat path) a warm hit
-# through `serve` (tests/engine/test_install.py). Releases between them were read but
-# never run, so they are left unpatched too (`stable-prefix doctor` says which
-# one is installed).
-TESTED_VERSIONS = ("0.3.0", "0.6.0")
-ENGINES = ("simple", "batched")
-# The engine mode `install()`, `serve` and `stable-prefix up` run unless told otherwise (docs/engine.md: the measured choice).
-DEFAULT_ENGINE = "batched"
-# Drafted decoding: on where the verify-cost curve measured at start lets a draft pay (docs/engine.md).
-DEFAULT_DRAFT = "auto"
 
 # Seconds a clean shutdown waits for queued snapshot writes.
 SHUTDOWN_WRITE_SECONDS = 30.0

@@ -31,9 +31,7 @@ from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, session_name_now
 from stable_prefix.addons.capture_folder import claim_new_session, make_private_dirs, write_private
 from stable_prefix.agents.claude_code import stack_environment
 from stable_prefix.agents.claude_code_router import router_config
-from stable_prefix.engine_patch.__main__ import parse_size
-from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
-from stable_prefix.engine_patch.install import DEFAULT_DRAFT, DEFAULT_ENGINE, ENGINES
+from stable_prefix.engine_patch.defaults import DEFAULT_DRAFT, DEFAULT_ENGINE, DRAFT_MODES, ENGINES, parse_size
 from stable_prefix.live import CaptureFollower, LogFollower
 from stable_prefix.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
 from stable_prefix.stack_state import DEFAULT_PORT, stack_state_path

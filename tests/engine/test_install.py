@@ -11,11 +11,10 @@ import vllm_mlx
 from mlx_lm.models.cache import KVCache
 from transformers import AutoTokenizer
 
-from stable_prefix.engine_patch import install
 from stable_prefix.engine_patch.__main__ import engine_mode, parse_size
 from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.drafts.drafting import Drafting
-from stable_prefix.engine_patch.install import DEFAULT_ENGINE, why_unsupported
+from stable_prefix.engine_patch.install import DEFAULT_ENGINE, install, why_unsupported
 from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
 from stable_prefix.engine_patch.vllm_mlx.simple.simple_engine import _defer_builtin_prefix_cache
 from tests.support.llm_client import send
