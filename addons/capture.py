@@ -10,6 +10,7 @@ and as it was forwarded, the changes and prefix diagnosis (from strip_billing.py
 when it is loaded, else computed here with no rules applied), and a response
 summary: status, usage (incl. `cache_read_input_tokens` /
 `prompt_tokens_details.cached_tokens` / `input_tokens_details.cached_tokens`),
+llama.cpp's `timings` (`cache_n` reused, `prompt_n` prefilled; the last a stream sent),
 time to headers, to the first body byte, to the first generated output (streamed
 answers), and total; for the Responses API also the response's id and output
 items (what the server holds for a later `previous_response_id`). Streamed answers are
@@ -48,6 +49,7 @@ from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadableJson, api_of, client_headers, parse_json, utf8_json
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream, merge_usage
+from stable_prefix.usage import timings_in
 
 logger = logging.getLogger(__name__)
 
@@ -114,21 +116,24 @@ def response_summary(flow: http.HTTPFlow, observer: UsageObserver | None) -> dic
     if response is None:
         return summary
     usage: dict = {}
+    timings = None  # llama.cpp's, beside its usage
     first_output = None  # unknown for an answer that came in one piece
     answer = None  # a Responses answer's response object
     if observer is not None:
-        usage, answer = observer.usage, observer.events.response
+        usage, answer, timings = observer.usage, observer.events.response, observer.events.timings
         first_body_byte, first_output = observer.first_chunk_at, observer.first_output_at
     else:
         if response.content and "json" in response.headers.get("content-type", ""):
             payload = json_or_text(response.content)[1]
             merge_usage(usage, payload)
+            timings = timings_in(payload)
             answer = payload if isinstance(payload, dict) and payload.get("object") == "response" else None
         first_body_byte = response.timestamp_start
     summary.update(
         content_type=response.headers.get("content-type"),
         streamed=observer is not None,
         usage=usage or None,
+        **({"timings": timings} if timings else {}),
         time_to_headers_s=_seconds(request.timestamp_end, response.timestamp_start),
         ttfb_s=_seconds(request.timestamp_end, first_body_byte),
         ttft_s=_seconds(request.timestamp_end, first_output),

@@ -9,7 +9,7 @@ bytes, so an addon that leaves an event alone can send exactly what it received.
 everywhere (capture, the bench's replay, test clients and recorders): the first
 event that holds generated output, not the message opening that servers send
 before they prefill. `EventStream` follows one response's events with it and
-with `merge_usage`. Three protocols: Anthropic messages, OpenAI chat
+with `merge_usage` (and keeps llama.cpp's `timings`, where it reports its reuse: `stable_prefix/usage.py`). Three protocols: Anthropic messages, OpenAI chat
 completions, and the Responses API, whose events are typed `response.*`
 (`response.created` and `response.in_progress` come before the prefill, each
 `….delta` carries output, `response.completed` holds the whole response: its
@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from stable_prefix.usage import timings_in
 
 # An event ends at a blank line; servers use "\n" or "\r\n" line endings.
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
@@ -151,14 +153,16 @@ def final_response(payload: Any) -> dict | None:
 
 
 class EventStream:
-    """One response's events as they arrive: the usage they report, when the first
-    one carrying output arrived (`first_output_at`, on `clock`), the first
-    error event's error, and a Responses stream's final response object."""
+    """One response's events as they arrive: the usage they report (and llama.cpp's
+    last `timings`), when the first one carrying output arrived (`first_output_at`,
+    on `clock`), the first error event's error, and a Responses stream's final
+    response object."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.parser = SSEParser()
         self.usage: dict = {}
+        self.timings: dict | None = None
         self.first_output_at: float | None = None
         self.error: Any | None = None
         self.response: dict | None = None
@@ -168,6 +172,7 @@ class EventStream:
         for event in events:
             payload = event.json()
             merge_usage(self.usage, payload)
+            self.timings = timings_in(payload) or self.timings
             if self.first_output_at is None and carries_output(payload):
                 self.first_output_at = self.clock()
             if self.error is None:

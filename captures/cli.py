@@ -11,20 +11,12 @@ from stable_prefix.addons.diagnosis import rule_note
 from stable_prefix.addons.rules import RULES
 from stable_prefix.captures import pairs
 from stable_prefix.captures.inputs import InputError, RequestFile, files_in, load
+from stable_prefix.usage import reuse_in_record
 
 
 def describe(request: RequestFile) -> str:
     kind = f"capture record, lane {request.lane}" if request.is_capture else "raw request body"
     return f"{request.path}  ({kind}, {request.api})"
-
-
-def cached_tokens(usage: dict | None) -> int | None:
-    if not usage:
-        return None
-    if "cache_read_input_tokens" in usage:
-        return usage["cache_read_input_tokens"]
-    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))  # chat completions, Responses
-    return details.get("cached_tokens") if isinstance(details, dict) else None
 
 
 def cause(pair: pairs.Pair) -> str:
@@ -37,16 +29,7 @@ def cause(pair: pairs.Pair) -> str:
 
 
 def print_changes(changes: list[pairs.PathChange]) -> None:
-    print(f"changed paths (cache_control, one-text-block lists and Responses item ids ignored, as in prompt order): {len(changes)}")
-    width = max((len(change.path) for change in changes), default=0)
-    for change in changes:
-        old, new = change.abbreviated()
-        if change.kind == "added":
-            print(f"  + {change.path:<{width}}  {new}")
-        elif change.kind == "removed":
-            print(f"  - {change.path:<{width}}  {old}")
-        else:
-            print(f"  ~ {change.path:<{width}}  {old} → {new}")
+    print("\n".join(pairs.change_lines(changes)))
 
 
 def run_diff(args) -> None:
@@ -81,7 +64,7 @@ def run_report(args) -> None:
         result = pair.diagnosis
         comparison = result.comparison
         divergence = comparison.first_divergence
-        cached = cached_tokens((pair.current.response or {}).get("usage"))
+        reuse = reuse_in_record(pair.current.response or {})  # the server's own figure, or unknown
         rows.append(
             (
                 pair.current.label,
@@ -91,7 +74,7 @@ def run_report(args) -> None:
                 f"{comparison.stable_prefix_ratio:.1%}",
                 f"{divergence.path} @{divergence.byte_offset:,}" if divergence else "identical",
                 cause(pair),
-                f"{cached:,}" if cached is not None else "-",
+                f"{reuse[1]:,}" if reuse is not None else "?",
                 str(len(pair.changes)),
             )
         )

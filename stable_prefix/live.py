@@ -1,8 +1,8 @@
 """One line per request while the stack runs, read from the proxy's capture records.
 
 The capture record (`addons/capture.py`) is the one source: it is written when
-a request is complete and holds the lane, the engine's usage (prompt tokens and
-the part it reused), the time to the first generated output and the prefix
+a request is complete and holds the lane, the server's own figures for the
+prompt tokens and the part it reused (its usage, or llama.cpp's timings: `usage.py`), the time to the first generated output and the prefix
 diagnosis. A figure the record lacks is shown as `?`, never as 0.
 
     #3 main · 11,733 prompt tok · 11,702 reused · TTFT 0.65 s · prefix stable 92,476/92,625 B (99.8%) · first change messages[12]
@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from stable_prefix.usage import reuse_from_usage
+from stable_prefix.usage import reuse_in_record
 
 
 def _count(value: int | None) -> str:
@@ -26,7 +26,7 @@ def _count(value: int | None) -> str:
 
 def live_line(record: dict) -> str:
     response = record.get("response") or {}
-    reuse = reuse_from_usage(response.get("usage") or {})
+    reuse = reuse_in_record(response)
     prompt_tokens, reused = reuse if reuse else (None, None)
     parts = [f"#{record.get('seq', '?')} {record.get('lane', 'unknown')}"]
     status = response.get("status")
