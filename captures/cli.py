@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from stable_prefix.addons.diagnosis import rule_note
 from stable_prefix.addons.rules import RULES
 from stable_prefix.captures import pairs
 from stable_prefix.captures.inputs import InputError, RequestFile, files_in, load
+from stable_prefix.captures.session import read_session
+from stable_prefix.captures.session_html import render
 from stable_prefix.usage import reuse_in_record
 
 
@@ -53,6 +56,9 @@ def run_diff(args) -> None:
 
 
 def run_report(args) -> None:
+    if args.html:
+        write_page(Path(args.directory), Path(args.html))
+        return
     requests = [load(path) for path in files_in(args.directory)]
     found, tracker = pairs.report(requests)
     if args.json:
@@ -87,6 +93,15 @@ def run_report(args) -> None:
         print(f"  {line}")
 
 
+def write_page(directory: Path, page: Path) -> None:
+    session = read_session(directory)
+    try:
+        page.write_text(render(session), encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"{page}: cannot write the page ({error.strerror or error})") from error
+    print(f"{page}: {len(session.requests):,} requests in {len(session.lanes)} lanes, {len(session.breaks)} prefix break{'s' * (len(session.breaks) != 1)}")
+
+
 def parser() -> argparse.ArgumentParser:
     rules = ", ".join(f"{rule.name} ({rule.label})" for rule in RULES)
     top = argparse.ArgumentParser(
@@ -105,6 +120,8 @@ def parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="pair consecutive requests per lane across a capture folder")
     report.add_argument("directory", help="a session folder, e.g. captures/sessions/20261130-051200")
     report.add_argument("--json", action="store_true", help="machine-readable output")
+    report.add_argument("--html", metavar="FILE", help="write the session's page instead (per lane: tokens reused and prefilled, TTFT, "
+                        "each break's cause and diff; what the prefill cost); opens from disk")
     report.set_defaults(run=run_report)
     return top
 

@@ -55,6 +55,11 @@ def load(path: str | Path) -> RequestFile:
         raise InputError(f"{path}: cannot read it ({error.strerror or error})") from error
     except ValueError as error:
         raise InputError(f"{path}: not valid JSON ({error})") from error
+    return parse(path, document)
+
+
+def parse(path: Path, document: object) -> RequestFile:
+    """A file's JSON read as a capture record or a raw request body."""
     if not isinstance(document, dict):
         raise InputError(f"{path}: a JSON {type(document).__name__}, expected a capture record or a request body (an object)")
     if document.get("format") == RECORD_FORMAT:

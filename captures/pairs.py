@@ -148,20 +148,47 @@ def diff(a: RequestFile, b: RequestFile, *, normalized: bool) -> tuple[Pair, lis
     return Pair(a, b, result, changed_paths(bodies[0], bodies[1], b.api)), warnings
 
 
-def report(requests: list[RequestFile]) -> tuple[list[Pair], PrefixDiagnosis]:
-    """Consecutive requests of each lane, as the backend saw them (a Responses
-    request that continues a captured response read with that response's history)."""
-    tracker = PrefixDiagnosis()
-    chains = ResponseChains()
-    previous_by_lane: dict[str, tuple[RequestFile, dict]] = {}
-    pairs = []
-    for request in requests:
+class BackendReading:
+    """Requests read in their order as the backend saw them: a Responses request that continues a captured
+    response is read with that response's history (what the server held)."""
+
+    def __init__(self) -> None:
+        self.chains = ResponseChains()
+
+    def bodies(self, request: RequestFile) -> tuple[dict, dict]:
+        """(the body the backend saw, the client's body), each with its Responses history resolved."""
         body, client_body = backend_body(request), request.client_body
         if request.api == "responses":
             answer = request.response or {}
-            forwarded, body, client_body = body, chains.resolved(body), chains.resolved(client_body)
+            forwarded, body, client_body = body, self.chains.resolved(body), self.chains.resolved(client_body)
             if answer.get("status") == 200:
-                chains.remember(forwarded, {"id": answer.get("response_id"), "output": answer.get("output")})
+                self.chains.remember(forwarded, {"id": answer.get("response_id"), "output": answer.get("output")})
+        return body, client_body
+
+
+def change_lines(changes: list[PathChange]) -> list[str]:
+    """The changed paths as `diff` prints them: `~ path  old → new`, `+ path  new`, `- path  old`."""
+    lines = [f"changed paths (cache_control, one-text-block lists and Responses item ids ignored, as in prompt order): {len(changes)}"]
+    width = max((len(change.path) for change in changes), default=0)
+    for change in changes:
+        old, new = change.abbreviated()
+        if change.kind == "added":
+            lines.append(f"  + {change.path:<{width}}  {new}")
+        elif change.kind == "removed":
+            lines.append(f"  - {change.path:<{width}}  {old}")
+        else:
+            lines.append(f"  ~ {change.path:<{width}}  {old} → {new}")
+    return lines
+
+
+def report(requests: list[RequestFile]) -> tuple[list[Pair], PrefixDiagnosis]:
+    """Consecutive requests of each lane, as the backend saw them (`BackendReading`)."""
+    tracker = PrefixDiagnosis()
+    reading = BackendReading()
+    previous_by_lane: dict[str, tuple[RequestFile, dict]] = {}
+    pairs = []
+    for request in requests:
+        body, client_body = reading.bodies(request)
         result = tracker.observe(PromptSnapshot.of(client_body, request.api, request.headers), body, lane=request.lane)
         if result.lane in previous_by_lane:
             previous, previous_body = previous_by_lane[result.lane]

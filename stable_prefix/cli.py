@@ -64,7 +64,7 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
               _engine_patch("serve")),
     "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),
     "diff": ("compare two captured requests: diff A.json B.json [--normalized] [--json]", _captures("diff")),
-    "report": ("per-lane prefix report of a capture folder: report DIR [--json]", _captures("report")),
+    "report": ("per-lane prefix report of a capture folder: report DIR [--json] [--html FILE]", _captures("report")),
 }
 
 
