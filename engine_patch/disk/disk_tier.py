@@ -669,12 +669,26 @@ class DiskTier:
         logger.log(level, message, *args)
 
     def clear(self) -> int:
-        """Delete this server's models' lanes, blocks and states (other models' in the directory stay)."""
-        deleted = 0
+        """Delete this server's models' lanes, blocks and states (other models' in the directory stay).
+
+        Under the directory lock writers take (this server's and every other's on the directory): a
+        write in flight finishes first, so no lane is left naming a block deleted between its write and
+        its manifest's. It waits for that write: call it off the event loop.
+        """
         identities = self._known_identities()
         with self._lock:
             self._epoch += 1
             self._queue.clear()
+        try:
+            with self.files.lock():
+                return self._delete_lanes_of(identities)  # counts each file it cannot delete itself
+        except OSError as error:  # the lock file cannot be opened: a read-only or vanished directory
+            self.count_error("locking the directory to clear it", error)
+            return 0
+
+    def _delete_lanes_of(self, identities: list[ModelIdentity]) -> int:
+        """Delete these models' lanes, blocks and states (call under the directory lock); the lanes deleted."""
+        deleted = 0
         for identity in identities:
             folder = self.files.folder(identity)
             with self._lock:

@@ -1,9 +1,15 @@
 """What the patched server adds to vllm-mlx's HTTP app: `GET /v1/cache/stats`,
-`DELETE /v1/cache[?tier=ram|disk]` and the reuse in every response's usage."""
+`DELETE /v1/cache[?tier=ram|disk]` and the reuse in every response's usage.
+
+Both cache endpoints walk the disk tier's directory (a clear waits for the
+directory lock too, which a write holds until its last rename): they run in a
+worker thread, never on the event loop, which streams every reply (on a big
+network share a walk takes seconds)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
@@ -24,13 +30,28 @@ def install(cache: TieredCache, stats: Callable[[], dict[str, Any]]) -> list[str
     original_clear = _remove_route(app, "/v1/cache", "DELETE", APIRoute)
     _remove_route(app, "/v1/cache/stats", "GET", APIRoute)
 
+    def refuse(detail: str):
+        raise HTTPException(status_code=400, detail=detail)
+
+    cache_stats, clear_cache = cache_endpoints(cache, stats, original_clear, refuse)
+    app.add_api_route("/v1/cache/stats", cache_stats, methods=["GET"], dependencies=dependencies)
+    app.add_api_route("/v1/cache", clear_cache, methods=["DELETE"], dependencies=dependencies)
+    app.add_middleware(ReuseUsageMiddleware)
+    app.add_middleware(AdmissionMiddleware)
+    return ["GET /v1/cache/stats", "DELETE /v1/cache", "usage fields", "context check and abandoned prefills"]
+
+
+def cache_endpoints(cache: TieredCache, stats: Callable[[], dict[str, Any]], original_clear: Callable[[], Awaitable[Any]] | None,
+                    refuse: Callable[[str], Any]):
+    """The two endpoints' handlers; `refuse(detail)` raises the framework's 400."""
+
     async def cache_stats():
-        return stats()
+        return await asyncio.to_thread(stats)
 
     async def clear_cache(tier: str | None = None):
         if tier is not None and tier not in CLEARABLE_TIERS:
-            raise HTTPException(status_code=400, detail=f"tier={tier!r}: choose ram or disk (or leave it out to clear both)")
-        dropped = cache.clear((tier,) if tier else CLEARABLE_TIERS)
+            refuse(f"tier={tier!r}: choose ram or disk (or leave it out to clear both)")
+        dropped = await asyncio.to_thread(cache.clear, (tier,) if tier else CLEARABLE_TIERS)
         result: dict[str, Any] = {"status": "cleared", **dropped}
         if original_clear is not None and tier in (None, "ram"):
             try:
@@ -39,11 +60,7 @@ def install(cache: TieredCache, stats: Callable[[], dict[str, Any]]) -> list[str
                 result["vllm_mlx"] = {"error": repr(error)}
         return result
 
-    app.add_api_route("/v1/cache/stats", cache_stats, methods=["GET"], dependencies=dependencies)
-    app.add_api_route("/v1/cache", clear_cache, methods=["DELETE"], dependencies=dependencies)
-    app.add_middleware(ReuseUsageMiddleware)
-    app.add_middleware(AdmissionMiddleware)
-    return ["GET /v1/cache/stats", "DELETE /v1/cache", "usage fields", "context check and abandoned prefills"]
+    return cache_stats, clear_cache
 
 
 def _remove_route(app, path: str, method: str, route_type):

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import mlx.core as mx
 import numpy as np
@@ -490,7 +490,7 @@ def test_a_snapshot_evicted_by_another_server_between_lookup_and_load_is_a_miss(
     assert reused == 0 and reader.stats()["disk_errors"] == 0
 
 
-def test_clearing_deletes_this_model_s_snapshots_and_discards_a_write_in_flight(model, other_model, open_tier, directory):
+def test_clearing_deletes_this_model_s_snapshots_and_a_write_in_flight(model, other_model, open_tier, directory):
     written(open_tier(other_model, OTHER_SEED_MODEL), other_model, tokens(1, 60))
     disk = SlowDisk()
     tier = open_tier(model, write_file=disk.write)
@@ -498,11 +498,26 @@ def test_clearing_deletes_this_model_s_snapshots_and_discards_a_write_in_flight(
     cache = tiered(tier)
     serve(cache, model, tokens(2, 60))
     assert disk.started.wait(timeout=60)
-    assert cache.clear(("disk",)) == {"disk_entries_dropped": 0}
-    disk.release.set()
+    with ThreadPoolExecutor(1) as pool:
+        clearing = pool.submit(cache.clear, ("disk",))  # waits for the directory lock the write holds
+        disk.release.set()
+        assert clearing.result(timeout=60)["disk_entries_dropped"] in (0, 1)  # the write discarded, or landed and deleted
     assert tier.flush(timeout=60)
-    assert snapshot_files(directory) == written_before  # the other model's snapshot stays; the cleared write never lands
+    assert snapshot_files(directory) == written_before  # the other model's snapshot stays; nothing of the cleared write
     assert cache.ram.stats()["entries"] == 1  # RAM was not asked to clear
+
+
+def test_clearing_waits_for_the_directory_lock_another_servers_write_holds(model, open_tier, directory):
+    tier = open_tier(model)
+    written(tier, model, tokens(1, 100))
+    other_server = snapshot_directory.SnapshotDirectory(directory, 10**9)
+    with ThreadPoolExecutor(1) as pool:
+        with other_server.lock():  # as a write holds it, from its budget check to its last rename
+            clearing = pool.submit(tier.clear)
+            done, _ = wait([clearing], timeout=2)
+            assert not done and snapshot_files(directory), "the clear deleted files under another server's write"
+        assert clearing.result(timeout=60) == 1
+    assert snapshot_files(directory) == []
 
 
 # --- blocks held once on disk ---------------------------------------------------------
