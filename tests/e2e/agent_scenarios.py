@@ -40,9 +40,23 @@ from tests.support.agent_turns import (
 from tests.support.agent_turns import finished_turns as finished
 from tests.support.models import require_model
 
+# What a continued turn reuses is measured on what the previous request of its lane sent (its prompt, the reply
+# aside), not on its own whole prompt: the engine caches the tokens it generated, and a random-weight model's greedy
+# reply, sent back as text, may re-tokenize into others (and under `--draft auto` the reply itself changed with the
+# machine's load), so a bound on the whole prompt failed under load (#36, item 8). The generation prompt's last
+# token (`<|im_start|>assistant` + newline) may merge with the reply's first characters: one token of slack.
+SEAM_TOKENS = 1
+
 
 def system_prompt(turn: Turn) -> str:
     return turn.capture["client_body"]["messages"][0]["content"]
+
+
+def assert_reuses_the_previous_prompt(previous: Turn, turn: Turn) -> None:
+    """`turn` reused every token the previous request of its lane sent (the seam aside)."""
+    assert turn.reused_tokens >= previous.prompt_tokens - SEAM_TOKENS, (
+        f"request {turn.number} reused {turn.reused_tokens:,} of its {turn.prompt_tokens:,} prompt tokens, less than the "
+        f"{previous.prompt_tokens:,} request {previous.number} sent: {turn.diagnosis['line']}")
 
 
 class AgentCase:
@@ -124,10 +138,9 @@ class ContinuedTurns(AgentCase):
         assert any(message["role"] == "tool" for message in main[1].arrived["request"]["messages"]), f"{self.NAME} ran the scripted read"
         if self.SESSION_HEADER:
             assert len({turn.headers[self.SESSION_HEADER] for turn in main}) == 1, "--continue stays in the session"
-        tool_step, *continued = main[1:]
-        self.assert_tool_step_reuses(tool_step, main[0])
-        for turn in continued:
-            assert turn.reuse >= MIN_CONTINUED_REUSE, turn.diagnosis["line"]
+        self.assert_tool_step_reuses(main[1], main[0])
+        for previous, turn in zip(main[1:], main[2:]):
+            assert_reuses_the_previous_prompt(previous, turn)
         assert all(later > earlier for earlier, later in zip(reused_after_each_turn, reused_after_each_turn[1:]))
         assert all(turn.diagnosis["prefix_kept"] for turn in main[1:])
         self.assert_continued_turns_kept_by_the_rules(main)
