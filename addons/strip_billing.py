@@ -50,6 +50,7 @@ from mitmproxy import ctx, exceptions, http
 from stable_prefix.addons import engine_errors, exposure, forward_proxy, normalize, router_compat, rules, server_compat
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.lanes import ROUTING_KEY_SCOPES, routing_key
+from stable_prefix.addons.llama_slots import LlamaSlots
 from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadItems, client_headers, normalize_request
 from stable_prefix.addons.response_chains import ResponseChains
 from stable_prefix.addons.sse_events import EventStream
@@ -231,4 +232,5 @@ class StripBilling:
 
 
 # StreamRecovery after StripBilling: it follows the streams StripBilling turned on, and wraps what engine_errors installs.
-addons = [StripBilling(), StreamRecovery()]
+# LlamaSlots after StripBilling: it pins the body StripBilling normalized (off unless llama_slots is set).
+addons = [StripBilling(), LlamaSlots(), StreamRecovery()]

@@ -29,25 +29,27 @@ from urllib.parse import urlsplit
 
 from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, session_name_now
 from stable_prefix.addons.capture_folder import claim_new_session, make_private_dirs, write_private
+from stable_prefix.addons.session_page import PAGE_PATH as SESSION_PAGE_PATH
 from stable_prefix.agents.claude_code import stack_environment
 from stable_prefix.agents.claude_code_router import router_config
 from stable_prefix.engine_patch.defaults import DEFAULT_DRAFT, DEFAULT_ENGINE, DRAFT_MODES, ENGINES, parse_size
 from stable_prefix.live import CaptureFollower, LogFollower
-from stable_prefix.servers import LOOPBACK, VENV_BIN, Server, exit_description, free_port, http_ok, mitmdump_command, running
+from stable_prefix.model_servers import DEFAULT_SERVER, SERVERS
+from stable_prefix.model_servers.llama_cpp import DEFAULT_SLOT_CONTEXT, DEFAULT_SLOTS
+from stable_prefix.server_identity import identify, with_proxy_settings_for
+from stable_prefix.servers import LOOPBACK, Server, exit_description, free_port, http_ok, mitmdump_command, running
 from stable_prefix.stack_state import DEFAULT_PORT, stack_state_path
 
 DEFAULT_WEB_PORT = 8081
 DEFAULT_MAX_TOKENS = 8192
 # Loading a large model (or downloading it on first use) can take many minutes; a dead engine is noticed at once.
 STARTUP_TIMEOUT_S = 3600.0
-PROXY_SCRIPTS = ["addons/strip_billing.py", "addons/capture.py"]
+PROXY_SCRIPTS = ["addons/strip_billing.py", "addons/capture.py", "addons/session_page.py"]
 CAPTURE_SCRIPT = "addons/capture.py"
 # mitmweb's flow list with the comment column, where each request's diagnosis is (a broken prefix also marks the flow).
 WEB_COLUMNS = ("icon", "path", "method", "status", "size", "time", "comment")
 LOG_TAIL_LINES = 25
 POLL_S = 0.5
-# Engine flags the launcher owns: a second value would move the engine off loopback or off its port.
-RESERVED_ENGINE_FLAGS = ("--host", "--port", "--served-model-name", "--max-tokens", "--prefix-cache-bytes", "--engine", "--continuous-batching", "--draft")
 _WEB_URL = re.compile(r"Web server listening at (\S+)")
 
 
@@ -78,6 +80,9 @@ class StackOptions:
     engine_args: tuple[str, ...] = ()
     startup_timeout: float = STARTUP_TIMEOUT_S
     upstream: str | None = None  # the proxy alone, before this router or remote engine
+    server: str = DEFAULT_SERVER  # which model server `up` starts (model_servers/)
+    slots: int = DEFAULT_SLOTS  # llama.cpp: its slots, one lane each
+    slot_context: int = DEFAULT_SLOT_CONTEXT  # llama.cpp: tokens per slot
 
     @property
     def model_name(self) -> str:
@@ -88,13 +93,18 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stable-prefix up",
         description="Run the patched engine and the proxy on 127.0.0.1 until Ctrl-C.",
-        epilog="Flags after `--` go to vllm-mlx, e.g. `-- --enable-auto-tool-choice --tool-call-parser qwen`.",
+        epilog="Flags after `--` go to the server that starts, e.g. `-- --enable-auto-tool-choice --tool-call-parser qwen` (vllm-mlx) "
+               "or `-- --threads 8` (llama.cpp).",
     )
     parser.add_argument("model", nargs="?", help="a local model folder or a Hugging Face id (mlx-community/...); with --upstream, "
                                                  "the served model's name (or give --served-model-name)")
     parser.add_argument("--upstream", metavar="URL",
                         help="no local engine: the proxy alone before this router or remote engine (e.g. http://10.0.0.5:8090), "
                              f"with the team options {' '.join(f'{k}={v}' for k, v in TEAM_PROXY_OPTIONS.items())}")
+    parser.add_argument("--server", choices=tuple(SERVERS), default=DEFAULT_SERVER,
+                        help=f"the model server to start (default {DEFAULT_SERVER}); llama.cpp serves a GGUF file (`make llama-server` builds it)")
+    parser.add_argument("--slots", type=int, help=f"llama.cpp: its slots, one lane each (default {DEFAULT_SLOTS})")
+    parser.add_argument("--slot-context", type=int, help=f"llama.cpp: tokens per slot (default {DEFAULT_SLOT_CONTEXT})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the proxy's port, where clients connect (default {DEFAULT_PORT})")
     parser.add_argument("--engine-port", type=int, help="the engine's port (default: a free one)")
     parser.add_argument("--web", action="store_true", help="run the proxy as mitmweb: every request with its diagnosis in a browser")
@@ -103,10 +113,10 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                         help=f"the engine's default and the proxy's cap for max_tokens (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--cache-bytes", type=parse_size, help="the prefix cache's budget, e.g. 8GiB (default: 25%% of RAM)")
-    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+    parser.add_argument("--engine", choices=ENGINES,
                         help=f"batched: requests in flight at once decode together (concurrent subagents); "
                              f"simple: one request at a time (default {DEFAULT_ENGINE})")
-    parser.add_argument("--draft", choices=DRAFT_MODES, default=DEFAULT_DRAFT,
+    parser.add_argument("--draft", choices=DRAFT_MODES,
                         help="decode with drafts from the session's own tokens: auto (where the engine's measured verify cost lets them pay), "
                              f"on, off (default {DEFAULT_DRAFT})")
     parser.add_argument("--capture-dir", type=Path, default=DEFAULT_CAPTURE_DIR,
@@ -126,10 +136,13 @@ def looks_like_a_path(model: str) -> bool:
 def parse_options(argv: list[str]) -> StackOptions:
     ours, engine_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = argument_parser().parse_args(ours)
+    server = SERVERS[args.server]
     for flag in engine_args:
-        if flag.split("=")[0] in RESERVED_ENGINE_FLAGS:
-            raise StackError(f"{flag}: set by `stable-prefix up` itself (the engine listens on {LOOPBACK}); "
-                             "use --engine-port, --served-model-name, --max-tokens, --cache-bytes, --engine or --draft")
+        if flag.split("=")[0] in server.reserved_flags:
+            raise StackError(f"{flag}: set by `stable-prefix up` itself (the {server.name} server listens on {LOOPBACK}); "
+                             "use --engine-port, --served-model-name, --max-tokens"
+                             + "".join(f" or {flag}" for flag in SERVER_FLAGS.get(server.name, ())))
+    check_server_flags(args)
     for option in args.proxy_options:
         if "=" not in option:
             raise StackError(f"--set {option}: expected NAME=VALUE")
@@ -137,14 +150,32 @@ def parse_options(argv: list[str]) -> StackOptions:
         return upstream_options(args, engine_args)
     if not args.model:
         raise StackError("a model to serve (a folder or a Hugging Face id), or --upstream URL for the proxy alone")
-    if looks_like_a_path(args.model) and not Path(args.model).expanduser().is_dir():
+    if server.name != DEFAULT_SERVER and (problem := server.check_model(args.model)):
+        raise StackError(problem)
+    if server.name == DEFAULT_SERVER and looks_like_a_path(args.model) and not Path(args.model).expanduser().is_dir():
         raise StackError(f"{args.model}: no such model folder (a Hugging Face id looks like mlx-community/NAME)")
     if args.max_tokens <= 0:
         raise StackError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
     return StackOptions(model=args.model, port=args.port, engine_port=args.engine_port, web=args.web, web_port=args.web_port,
                         served_model_name=args.served_model_name, max_tokens=args.max_tokens, cache_bytes=args.cache_bytes,
-                        engine=args.engine, draft=args.draft, capture_dir=args.capture_dir, capture=args.capture,
-                        proxy_options=tuple(args.proxy_options), engine_args=tuple(engine_args))
+                        engine=args.engine or DEFAULT_ENGINE, draft=args.draft or DEFAULT_DRAFT, capture_dir=args.capture_dir, capture=args.capture,
+                        proxy_options=tuple(args.proxy_options), engine_args=tuple(engine_args), server=server.name,
+                        slots=args.slots or DEFAULT_SLOTS, slot_context=args.slot_context or DEFAULT_SLOT_CONTEXT)
+
+
+# `up`'s flags that are one server's own settings.
+SERVER_FLAGS = {DEFAULT_SERVER: ("--cache-bytes", "--engine", "--draft"), "llama.cpp": ("--slots", "--slot-context")}
+
+
+def check_server_flags(args: argparse.Namespace) -> None:
+    """Each server's own flags only with that server: a flag another server would ignore is a mistake to say."""
+    for server, flags in SERVER_FLAGS.items():
+        for flag in flags:
+            if getattr(args, flag[2:].replace("-", "_")) is not None and (args.server != server or args.upstream):
+                raise StackError(f"{flag}: a setting of the {server} server, but {'--upstream starts no server' if args.upstream else f'--server is {args.server}'}")
+    for flag in ("slots", "slot_context"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise StackError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be a positive number")
 
 
 def upstream_options(args: argparse.Namespace, engine_args: list[str]) -> StackOptions:
@@ -192,17 +223,10 @@ def check_ports(ports: dict[str, int]) -> None:
 # --- the two servers --------------------------------------------------------------------------------
 
 
-def engine_command(options: StackOptions, port: int) -> list[str]:
-    command = [str(VENV_BIN / "python"), "-m", "stable_prefix.engine_patch", "serve", options.model,
-               "--host", LOOPBACK, "--port", str(port), "--served-model-name", options.model_name,
-               "--max-tokens", str(options.max_tokens), "--engine", options.engine, "--draft", options.draft]
-    if options.cache_bytes:
-        command += ["--prefix-cache-bytes", str(options.cache_bytes)]
-    return command + list(options.engine_args)
-
-
 def proxy_command(options: StackOptions, engine_url: str, session_dir: Path) -> list[str]:
     settings: dict[str, object] = {"upstream_model": options.model_name, "max_tokens_cap": options.max_tokens}
+    if not options.upstream:
+        settings.update(SERVERS[options.server].proxy_settings(options))
     if options.capture:
         settings.update(capture_dir=session_dir.parent, capture_session=session_dir.name)
     if options.web:
@@ -262,12 +286,18 @@ def print_ready(options: StackOptions, engine: Server | None, proxy: Server, ses
     print(f"  proxy     {proxy.url}   (clients connect here)   log {proxy.log_path}")
     if engine is None:
         print(f"  upstream  {options.upstream}   (a router or a remote engine; no engine here; the key and strict bodies on)")
-    else:
+    elif options.server == DEFAULT_SERVER:
         print(f"  engine    {engine.url}   ({options.engine} engine; cache stats: {engine.url}/v1/cache/stats)   log {engine.log_path}")
+    else:
+        server = SERVERS[options.server]
+        print(f"  engine    {engine.url}   ({server.what}; what keeps lanes warm below)   log {engine.log_path}")
+        for setting in server.lane_settings:
+            print(f"            {setting.flags}: {setting.why}")
     if options.web:
         print(f"  mitmweb   {web or '(its address with the access token is in the proxy log)'}")
     if options.capture:
         print(f"  captures  {session_dir}")
+        print(f"  session   {proxy.url}{SESSION_PAGE_PATH}   (this session's page, live: per lane what was reused, prefilled, and why)")
     else:
         print("  captures  off (--no-capture): no request is recorded")
     print()
@@ -314,6 +344,10 @@ def run(options: StackOptions) -> int:
     if options.web:
         ports["web UI"] = options.web_port
     check_ports(ports)
+    if options.upstream:  # which server answers there, and what the proxy switches on before it
+        identity = identify(options.upstream)
+        print(f"stable-prefix: the upstream {options.upstream} is {identity.describe()}", flush=True)
+        options = with_proxy_settings_for(identity, options)
     # Claimed: a second `up` started in the same second gets a folder of its own.
     session_dir = claim_new_session(options.capture_dir.expanduser().absolute(), session_name_now())
     logs = session_dir / "logs"
@@ -327,8 +361,8 @@ def run(options: StackOptions) -> int:
         if not options.upstream:
             print(f"stable-prefix: starting the engine ({options.model}) on {engine_url}; log {logs}/engine-{engine_port}.log", flush=True)
             engine = servers.enter_context(running(
-                "engine", engine_command(options, engine_port), port=engine_port, log_dir=logs,
-                ready=lambda: http_ok(f"{engine_url}/v1/models"), startup_timeout=options.startup_timeout))
+                "engine", SERVERS[options.server].command(options, engine_port), port=engine_port, log_dir=logs,
+                ready=lambda: http_ok(f"{engine_url}{SERVERS[options.server].ready_path}"), startup_timeout=options.startup_timeout))
         print(f"stable-prefix: starting the proxy on {proxy_url} before {engine_url}", flush=True)
         # Ready when a request goes through it to the engine (or the router).
         proxy = servers.enter_context(running(

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from stable_prefix.stack import engine_command, parse_options
+from stable_prefix.model_servers.vllm_mlx import engine_command
+from stable_prefix.stack import parse_options
 from tests.support.engines import engine
 from tests.support.llm_client import cache_stats, send
 
