@@ -191,6 +191,7 @@ class Splice:
         # A replay must first repeat these, in order; a continuation repeats nothing.
         self.to_verify = [] if continuation else [Segment(s.kind, s.text, s.index, s.call_id, s.name) for s in delivered.segments]
         self.begun_calls = {s.index: s for s in delivered.segments if s.kind == "tool"}
+        self.finish_sent = delivered.finished  # the client has the answer's end (cut before its usage chunk)
         self.finished = False
 
     def events(self, event: SSEEvent) -> list[bytes]:
@@ -231,9 +232,12 @@ class Splice:
         finish = choice.get("finish_reason")
         if finish is not None and self.to_verify:
             raise Diverged(f"the replay ended ({finish}) where the client has more")
+        if self.finish_sent:
+            finish = None  # never a second end
+        self.finish_sent = self.finish_sent or finish is not None
         if not new and finish is None:
             return None
-        return {**{k: v for k, v in choice.items() if k != "delta"}, "delta": new}
+        return {**{k: v for k, v in choice.items() if k not in ("delta", "finish_reason")}, "delta": new, "finish_reason": finish}
 
     def _beyond_delivered(self, piece: Piece) -> str:
         """The part of `piece` the client does not have; Diverged where it differs from what it has."""

@@ -60,8 +60,9 @@ import re
 import ssl
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import h11
 from mitmproxy import ctx, exceptions, http
@@ -71,6 +72,7 @@ from mitmproxy.proxy.layers.http import ErrorCode, ResponseData, ResponseEndOfMe
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
 from stable_prefix.addons.chat_splice import Delivered, Diverged, Splice, continuation_request
+from stable_prefix.addons.engine_errors import protocol_of
 from stable_prefix.addons.lanes import agent_of
 from stable_prefix.addons.request_body import LeftAlone, read_json_body
 from stable_prefix.addons.sse_events import SSEParser
@@ -108,15 +110,19 @@ def parse_mode(value: str) -> str:
 
 @dataclass
 class FollowedStream:
-    """A chat completion stream the client is reading: what it has been sent, and how to ask again."""
+    """A streamed answer the client is reading, passed on in whole events; for a chat completion, what the
+    client has been sent of it and how to ask again."""
 
     flow: weakref.ref  # the flow, while mitmproxy keeps it (its comment gets the recovery's line)
     body: dict  # the request as forwarded
     request: http.Request
     response: http.Response
+    recoverable: bool = True  # a chat completion the proxy completes (else: whole events, and the error event at a cut)
     delivered: Delivered = field(default_factory=Delivered)
     parser: SSEParser = field(default_factory=SSEParser)
     errored_at: float | None = None  # the flow failed: its cut is recovered right after, or never (the client left)
+    last_byte_at: float = field(default_factory=time.monotonic)  # when the upstream last sent a byte (`stall_timeout`)
+    stall_cut: float | None = None  # when the proxy cut the upstream for sending nothing
 
     def to_client(self, data: bytes) -> list[bytes]:
         """`data` through the flow's stream callables, all of them (ours first, later addons' after)."""
@@ -125,14 +131,22 @@ class FollowedStream:
 
     def whole_events(self, chunk: bytes) -> bytes:
         """The complete events in `chunk` (after the bytes held from the last one), each observed as
-        delivered; at the end (b"") the bytes held. Only whole events go on, so a stream spliced
-        after a cut never continues a half event, here or in a later addon's parser."""
+        delivered; at the end (b"") the bytes held. Only whole events go on, so the client never holds
+        half an event when the upstream dies mid-event: a stream spliced after a cut, or ended by the error
+        event, continues after a whole one, here and in a later addon's parser."""
         if not chunk:
             return self.parser.finish()
+        self.last_byte_at = time.monotonic()
         events = self.parser.feed(chunk)
-        for event in events:
-            self.delivered.observe(event)
+        if self.recoverable:
+            for event in events:
+                self.delivered.observe(event)
         return b"".join(event.raw for event in events)
+
+    def drop_unfinished_event(self) -> int:
+        """At a cut: what the upstream sent of an event it never finished, which the client never got, goes
+        (the client's stream goes on after its last whole event). Returns its length in bytes."""
+        return len(self.parser.finish())
 
 
 # Streams followed, by the id of their request object (what Http1Server holds), while the request lives.
@@ -140,16 +154,19 @@ _followed: dict[int, tuple[weakref.ref, FollowedStream]] = {}
 
 
 def follow(flow: http.HTTPFlow, recovery_mode: str) -> FollowedStream | None:
-    """Follow a streamed chat completion (with the stream callable set before, if any, after ours)."""
+    """Follow a streamed answer on an API path in whole events (with the stream callable set before, if any,
+    after ours), and a chat completion's content too, to complete it at a cut unless `recovery_mode` is off."""
     response = flow.response
-    if recovery_mode == "off" or response is None or response.status_code != 200 or not flow.request.path.split("?")[0].endswith(CHAT_PATH):
+    if response is None or response.status_code != 200 or protocol_of(flow.request.path) is None:
         return None
     if response.headers.get("content-encoding", "identity").lower() != "identity":
-        return None
+        return None  # its events cannot be told apart without decoding it
     body = read_json_body(flow.request)
-    if isinstance(body, LeftAlone) or body.get("stream") is not True or body.get("n", 1) != 1:
-        return None
-    followed = FollowedStream(weakref.ref(flow), body, flow.request, response)
+    if isinstance(body, LeftAlone):
+        body = {}
+    recoverable = (recovery_mode != "off" and flow.request.path.split("?")[0].endswith(CHAT_PATH)
+                   and body.get("stream") is True and body.get("n", 1) == 1)
+    followed = FollowedStream(weakref.ref(flow), body, flow.request, response, recoverable)
     previous = response.stream if callable(response.stream) else None
 
     def ours_first(chunk: bytes) -> list[bytes]:
@@ -257,12 +274,26 @@ class UpstreamAnswer:
 # --- one recovery ----------------------------------------------------------------------------------------
 
 
+class Answer(Protocol):
+    """The upstream's answer to one recovery request (`UpstreamAnswer`; a test's answer from memory)."""
+
+    status: int
+
+    async def read(self) -> bytes | None: ...
+
+    def close(self) -> None: ...
+
+
+# How a recovery asks the upstream: (the request as forwarded, the body to send, skip TLS checks) -> its answer.
+Ask = Callable[[http.Request, bytes, bool], Awaitable[Answer]]
+
+
 @dataclass
 class Attempt:
     kind: str  # "replay" or "continuation"
     started: float
     splice: Splice
-    answer: UpstreamAnswer | None = None
+    answer: Answer | None = None
     parser: SSEParser = field(default_factory=SSEParser)
 
 
@@ -278,9 +309,12 @@ class Outcome:
 class Recovery:
     """Completing one broken-off stream: attempts (a replay, a continuation) one upstream read at a time."""
 
-    def __init__(self, followed: FollowedStream, mode: str, reason: str, insecure: bool = False) -> None:
+    def __init__(self, followed: FollowedStream, mode: str, reason: str, insecure: bool = False, ask: Ask | None = None) -> None:
         self.followed, self.mode, self.reason, self.insecure = followed, mode, reason, insecure
+        self.ask = ask or UpstreamAnswer.post
         self.started = time.monotonic()
+        # The answer goes on after the client's last whole event: the half of one the upstream died in goes.
+        self.dropped_bytes = followed.drop_unfinished_event()
         self.attempts: list[Attempt] = []
         self.current: Attempt | None = None
         self.next_kind = "replay" if mode == "replay" else "continuation"
@@ -288,8 +322,10 @@ class Recovery:
         self.verified_events = 0
 
     async def step(self) -> Outcome:
-        if self.followed.delivered.finished and self.current is None:
-            return self._end_after_finish()
+        if self.current is None and self.followed.delivered.finished:
+            if not self._usage_missing() or any(attempt.kind == "replay" for attempt in self.attempts):
+                return self._end_after_finish()
+            self.next_kind = "replay"  # cut after the answer's end, before its usage: a replay has it
         if self.current is None:
             problem = await self._start()
             if problem:
@@ -328,7 +364,7 @@ class Recovery:
         attempt = Attempt("continuation" if continuation else "replay", time.monotonic(), Splice(delivered, continuation=continuation))
         self.attempts.append(attempt)
         try:
-            attempt.answer = await UpstreamAnswer.post(self.followed.request, json.dumps(body, ensure_ascii=False).encode(), self.insecure)
+            attempt.answer = await self.ask(self.followed.request, json.dumps(body, ensure_ascii=False).encode(), self.insecure)
         except UpstreamBroke as error:
             return str(error)
         if attempt.answer.status != 200:
@@ -350,6 +386,11 @@ class Recovery:
         if len(self.attempts) >= MAX_ATTEMPTS:
             return Outcome(failed=f"{why}, {MAX_ATTEMPTS} times")
         return Outcome()
+
+    def _usage_missing(self) -> bool:
+        """The client asked for the usage chunk and has not had it."""
+        options = self.followed.body.get("stream_options")
+        return isinstance(options, dict) and options.get("include_usage") is True and not self.followed.delivered.usage_sent
 
     def _end_after_finish(self) -> Outcome:
         """The client has the whole answer but not the stream's end: it gets the end."""
@@ -406,8 +447,8 @@ def _recovers(server: Http1Server, event) -> FollowedStream | None:
     if server.response is None or not server.conn.state & ConnectionState.CAN_WRITE:
         return None
     followed = taken(server.request)
-    if followed is None or followed.response is not server.response or followed.delivered.unreadable:
-        return None
+    if followed is None or not followed.recoverable or followed.response is not server.response or followed.delivered.unreadable:
+        return None  # whole events so far: the error event goes on after them
     return followed
 
 
