@@ -383,7 +383,7 @@ class DiskTier:
         with self.files.lock():
             if self._held_on_disk(identity, pending.record):  # another server wrote it while this one prepared
                 return
-            plan = WritePlan(self.files, folder, pending.record, blocks, states)
+            plan = WritePlan(self.files, folder, pending.record, blocks, states, self._refreshed_index(identity).values())
             self.learn_what_is_on_disk(folder, plan.present_block_files, plan.present_state_files)
             if plan.record is None:
                 self.count(writes_skipped=1)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
-from stable_prefix.engine_patch.cache.prefix_index import restorable_length
+# RAM's rule for which checkpoints a lane keeps (duck-typed: a position and a pin), the one owner of it.
+from stable_prefix.engine_patch.cache.prefix_cache import _kept as kept_checkpoints
+from stable_prefix.engine_patch.cache.prefix_index import common_prefix_length, repeats_prompt_of, restorable_length
 
 from .persisted_entry import LaneRecord, cut, state_keys
 from .snapshot_directory import BLOCK, STATE, SnapshotDirectory
@@ -17,10 +21,14 @@ class WritePlan:
     A block the lane refers to that is neither on disk nor carried by the
     write (another server evicted it after this tier last saw it) ends the
     lane at the longest prefix before it that it restores (`truncated`).
+    The lanes on disk it replaces (`lanes` whose whole prompt it repeats) hand
+    it their checkpoints inside the prefix they share, as RAM's entries do
+    (`PrefixCache.store`): another server's lane may hold one this server's
+    RAM never had (a branch point it saw), and would otherwise lose it.
     """
 
     def __init__(self, files: SnapshotDirectory, folder: Path, record: LaneRecord, blocks: dict[str, PreparedSnapshot],
-                 states: dict[str, PreparedSnapshot]):
+                 states: dict[str, PreparedSnapshot], lanes: Iterable[LaneRecord] = ()):
         present_blocks, present_states = files.sizes(folder, BLOCK), files.sizes(folder, STATE)
         self.present_block_files, self.present_state_files = set(present_blocks), set(present_states)
         positional = bool(record.positional)
@@ -35,6 +43,7 @@ class WritePlan:
         self.record = cut(record, length) if length > 0 else None
         if self.record is None:
             return
+        self.record = with_inherited_checkpoints(self.record, lanes, set(present_states))
         block_keys = list(dict.fromkeys(piece.key for piece in self.record.blocks))
         keys_of_states = state_keys(self.record)
         self.new_blocks = {key: blocks[key] for key in block_keys if key not in present_blocks}
@@ -45,3 +54,22 @@ class WritePlan:
         self.new_bytes = sum(file.file_bytes for file in (*self.new_blocks.values(), *self.new_states.values()))
         self.footprint = self.new_bytes + sum(present_blocks[key] for key in self.present_blocks) + sum(
             present_states[key] for key in keys_of_states if key in present_states)
+
+
+def with_inherited_checkpoints(record: LaneRecord, lanes: Iterable[LaneRecord], present_states: set[str]) -> LaneRecord:
+    """`record` with the checkpoints of the lanes it replaces inside the prefix it shares with each
+    (their states on disk already; one per position, its own first), as many as RAM keeps: of two close
+    ones the earlier goes (a request restores the longest inside its common prefix), never a pinned one."""
+    if not record.positional or record.tokens is None:
+        return record
+    held = {c.position: c for c in record.checkpoints}
+    for lane in lanes:
+        if lane.tokens is None or lane.name == record.name or not repeats_prompt_of(lane, record.tokens):
+            continue
+        shared = min(common_prefix_length(lane.tokens, record.tokens), record.token_count - 1)  # its end is its own
+        for checkpoint in lane.checkpoints:
+            if checkpoint.position <= shared and checkpoint.key in present_states:
+                held.setdefault(checkpoint.position, checkpoint)
+    if len(held) == len(record.checkpoints):
+        return record
+    return replace(record, checkpoints=kept_checkpoints(sorted(held.values(), key=lambda c: c.position), record.token_count))
