@@ -23,6 +23,7 @@ from stable_prefix.bench.measure.metrics import Row, fan_out_wall_s, mark_cold_a
 from stable_prefix.bench.run import PromptViews, model_description, rows_for, view_of
 from stable_prefix.bench.workload.prompt_tokens import PromptRenderer
 from stable_prefix.bench.workload.session import generate_session
+from stable_prefix.captures.cli import write_page
 from stable_prefix.servers import REPO_ROOT
 
 DEMO_SCALE = 0.2
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--logs", type=Path, default=REPO_ROOT / "build" / "demo-logs")
+    parser.add_argument("--page", type=Path, default=REPO_ROOT / "build" / "demo-session.html", help="where the session's page goes")
     args = parser.parse_args(argv)
     scale = args.scale or (1.0 if args.full else DEMO_SCALE)
     logging.getLogger("vllm_mlx").setLevel(logging.WARNING)
@@ -111,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nServers stopped. Logs: {args.logs.relative_to(REPO_ROOT) if args.logs.is_relative_to(REPO_ROOT) else args.logs}/")
     captures = endpoints.capture_dir.relative_to(REPO_ROOT)
     print(f"Captures: {captures}/ ({len(list(endpoints.capture_dir.glob('*.json')))} requests; per-lane report: .venv/bin/python -m stable_prefix.captures report {captures})")
+    session = write_page(endpoints.capture_dir, args.page)
+    print(f"Session page: {args.page.relative_to(REPO_ROOT) if args.page.is_relative_to(REPO_ROOT) else args.page} ({len(session.lanes)} lanes, "
+          f"{len(session.breaks)} prefix breaks: per lane what the cache reused, what was prefilled, and why; open it in a browser)")
     return 0 if all(result.reply.status == 200 and not result.reply.error for result in measured) else 1
 
 

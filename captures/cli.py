@@ -12,7 +12,7 @@ from stable_prefix.addons.diagnosis import rule_note
 from stable_prefix.addons.rules import RULES
 from stable_prefix.captures import pairs
 from stable_prefix.captures.inputs import InputError, RequestFile, files_in, load
-from stable_prefix.captures.session import read_session
+from stable_prefix.captures.session import Session, read_session
 from stable_prefix.captures.session_html import render
 from stable_prefix.usage import reuse_in_record
 
@@ -57,7 +57,8 @@ def run_diff(args) -> None:
 
 def run_report(args) -> None:
     if args.html:
-        write_page(Path(args.directory), Path(args.html))
+        session = write_page(Path(args.directory), Path(args.html))
+        print(f"{args.html}: {len(session.requests):,} requests in {len(session.lanes)} lanes, {len(session.breaks)} prefix break{'s' * (len(session.breaks) != 1)}")
         return
     requests = [load(path) for path in files_in(args.directory)]
     found, tracker = pairs.report(requests)
@@ -93,13 +94,14 @@ def run_report(args) -> None:
         print(f"  {line}")
 
 
-def write_page(directory: Path, page: Path) -> None:
+def write_page(directory: Path, page: Path) -> Session:
+    """The session page of the capture folder `directory` written to `page`; returns the session drawn."""
     session = read_session(directory)
     try:
         page.write_text(render(session), encoding="utf-8")
     except OSError as error:
         raise InputError(f"{page}: cannot write the page ({error.strerror or error})") from error
-    print(f"{page}: {len(session.requests):,} requests in {len(session.lanes)} lanes, {len(session.breaks)} prefix break{'s' * (len(session.breaks) != 1)}")
+    return session
 
 
 def parser() -> argparse.ArgumentParser:
