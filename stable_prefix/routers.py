@@ -15,7 +15,9 @@ configuration below for the router the user picked, and `stable-prefix router KI
                server on the ring, instead of answering 502. A retry needs the whole request in one buffer
                (`option http-buffer-request`, `tune.bufsize`): Claude Code's bodies are 100-300 KB.
   vllm-router  vLLM's router (PyPI `vllm-router`, Rust, Linux wheels only), `build/vllm-router-venv`:
-               `--policy consistent_hash` reads `x-session-id` (then `x-user-id`; no option names another).
+               `--policy consistent_hash` reads `x-session-id` (then `x-user-id`; no option names another); a
+               worker whose requests failed `--cb-failure-threshold` times in a row leaves the ring at once (its
+               circuit breaker), so a retry goes to the next replica.
 
 Policies (`POLICIES`): `key` hashes our key header onto a ring, so a lane stays on one replica and moves only
 when its replica leaves; `round_robin` spreads requests regardless of their cache; `prefix` is the router's
@@ -200,7 +202,10 @@ def vllm_router_argv(binary: str, replica_urls: Sequence[str], host: str, port: 
     return [binary, "--host", host, "--port", str(port), "--worker-urls", *replica_urls, "--policy", router_policy,
             "--health-check-endpoint", "/health", "--health-check-interval-secs", _whole_seconds(health_interval_s),
             "--health-failure-threshold", str(HEALTH_FALL), "--health-success-threshold", str(HEALTH_RISE),
-            "--retry-max-retries", str(RETRIES + 1)]
+            "--retry-max-retries", str(RETRIES + 1),
+            # Its key ring skips only a worker whose circuit is open: without this its retries (~0.3 s) all go to a replica
+            # that died, before a health check has noticed, and a broken-off stream's replay gets a 500.
+            "--cb-failure-threshold", str(HEALTH_FALL)]
 
 
 def haproxy_config(places: Sequence[tuple[str, int]], host: str, port: int, policy: str, header: str, health_interval_s: float,
