@@ -12,6 +12,9 @@ The probes go out at once, each bounded by a short timeout, and the first server
 wins (llama.cpp before Ollama: some servers imitate another's paths, never its own). Nothing that answers any other way
 is guessed at: it is "unknown", and the proxy runs before it as before (nothing server-specific switched on). Probes are
 plain GETs without credentials: a server that wants a key for them is unknown too.
+
+What the proxy switches on before a server found is that server's record's (`model_servers/`, as `up --server` starts
+it): before llama.cpp, its slot lanes (addons/llama_slots.py) over the slots it reported.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ import json
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 from urllib import error, request
+
+from stable_prefix.model_servers import SERVERS
+
+if TYPE_CHECKING:  # the launcher's options, read here, never the other way round
+    from stable_prefix.stack import StackOptions
 
 # A probe's answer must come quickly: `up` waits for the slowest before it starts the proxy.
 PROBE_TIMEOUT_S = 2.0
@@ -166,3 +174,14 @@ def identify(base_url: str, timeout: float = PROBE_TIMEOUT_S) -> ServerIdentity:
         if found is not None:
             return found
     return UNKNOWN
+
+
+def with_proxy_settings_for(identity: ServerIdentity, options: StackOptions) -> StackOptions:
+    """`options` with the proxy settings the found server's record asks for (llama.cpp: `llama_slots` = its slot
+    count) before the team options and the user's `--set`, which come later and win."""
+    server = SERVERS.get(identity.name)
+    if server is None:
+        return options
+    settings = server.proxy_settings(replace(options, **({"slots": identity.slots} if identity.slots else {})))
+    ours = tuple(f"{name}={str(value).lower() if isinstance(value, bool) else value}" for name, value in settings.items())
+    return replace(options, proxy_options=(*ours, *options.proxy_options))

@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from stable_prefix.server_identity import UNKNOWN, identify
+from stable_prefix import stack
+from stable_prefix.server_identity import UNKNOWN, identify, with_proxy_settings_for
 from stable_prefix.servers import free_port
 from tests.support.server_standins import standin
 
@@ -55,3 +56,18 @@ def test_a_server_that_accepts_and_never_answers_is_unknown_after_the_timeout():
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)  # connections complete in the kernel's backlog; nothing ever reads or answers them
         assert identify(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=0.5) == UNKNOWN
+
+
+def test_before_llama_cpp_the_proxy_pins_lanes_to_the_slots_it_reported_and_the_users_set_still_wins():
+    options = stack.parse_options(["--upstream", "http://127.0.0.1:9", "m", "--set", "llama_slots=0"])
+    with standin("llama.cpp") as url:
+        told = with_proxy_settings_for(identify(url), options)
+    assert told.proxy_options[0] == "llama_slots=4" and told.proxy_options[-1] == "llama_slots=0"
+    assert told.proxy_options[1:] == options.proxy_options
+
+
+@pytest.mark.parametrize("standin_of", ["unknown", "ollama", "vllm-mlx-patched"])
+def test_before_any_other_server_the_proxy_runs_as_before(standin_of):
+    options = stack.parse_options(["--upstream", "http://127.0.0.1:9", "m"])
+    with standin(standin_of) as url:
+        assert with_proxy_settings_for(identify(url), options).proxy_options == options.proxy_options
