@@ -3,6 +3,7 @@
 Scripts (load with `mitmdump -s addons/<name>.py`):
   strip_billing.py    keeps the prompt prefix stable and diagnoses it per lane
   capture.py          records every API request for `python -m stable_prefix.captures`
+  session_page.py     serves the capture session's page, live, on the proxy's /stable-prefix/session
   toolcall_stream.py  turns tool calls written as text into real tool calls
   json_mode_guard.py  keeps strict json_schema requests from stalling the server
 

@@ -18,6 +18,8 @@ from stable_prefix.bench.clients.capture_in_process import Exchange, write_sessi
 from stable_prefix.captures.cli import main
 from stable_prefix.captures.session import COLD, KEPT, SessionReader, read_session
 from stable_prefix.captures.session_html import BREAK, PREFILLED, REUSED, render
+from stable_prefix.servers import Server
+from stable_prefix.stack import PROXY_SCRIPTS, StackOptions, print_ready
 from tests.fixtures import claude_code
 from tests.support.capture_sessions import scripted_session
 
@@ -246,3 +248,10 @@ def test_a_record_written_while_the_page_is_watched_appears_on_its_next_load(pro
         assert ask(proxy, page_flow()).get_text().count('<svg class="lane"') == 3
     finally:
         (folder / "0012-title.json").unlink()
+
+
+def test_stable_prefix_up_prints_the_live_pages_address(tmp_path, capsys):
+    proxy = Server(name="mitmdump", port=18080, process=None, log_path=tmp_path / "proxy.log")
+    print_ready(StackOptions(model="m", upstream="http://127.0.0.1:9"), None, proxy, tmp_path / "session", None)
+    assert f"  session   http://127.0.0.1:18080{PAGE_PATH}   (this session's page, live" in capsys.readouterr().out
+    assert "addons/session_page.py" in PROXY_SCRIPTS

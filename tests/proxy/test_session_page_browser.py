@@ -131,6 +131,14 @@ def test_the_page_runs_without_a_script_error(views):
     assert views.live.console == [] and views.file.console == []
 
 
+def test_a_script_error_would_be_seen(tmp_path):
+    broken = tmp_path / "broken.html"
+    broken.write_text("<!doctype html><p id=done>no</p><script>document.getElementById('done').textContent = 'ran'; notDefined();</script>")
+    view = page_browser.dump_dom(broken.as_uri())
+    assert '<p id="done">ran</p>' in view.output
+    assert any("Uncaught ReferenceError: notDefined is not defined" in line for line in view.console)
+
+
 def test_each_lane_is_drawn_in_the_reused_prefilled_and_ttft_colours(views):
     image = Image.open(views.live_png).convert("RGB")
     for colour in (REUSED, PREFILLED, TTFT):
