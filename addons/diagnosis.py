@@ -440,7 +440,10 @@ class PrefixDiagnosis:
         self.lanes: dict[str, LaneState] = {}  # least recently used first
         self.max_lanes, self.max_lane_prompt_bytes = max_lanes, max_lane_prompt_bytes
         self.held_prompt_bytes = 0  # of every lane's state, kept as they change
-        self.retired: dict[str, dict] = {}  # group -> the totals of its lanes let go, added up (one per type, not per lane)
+        # The counts of lanes let go (`_bound`): an instance lane's added up into its group's (one per type, not
+        # per instance), a type or side lane's kept under its name (a few: they are not per instance).
+        self.retired: dict[str, dict] = {}
+        self.retired_lanes: dict[str, dict] = {}
         self.recent: deque[tuple[str, int, PromptOrder]] = deque(maxlen=RECENT_REQUESTS)
 
     def observe(
@@ -519,16 +522,21 @@ class PrefixDiagnosis:
         return NEW_CONVERSATION if is_main else NEW_TASK
 
     def _bound(self, current: str) -> None:
-        """Let lanes go, least recently used first and the main agent's last, until both bounds hold
-        (the current lane stays, however big)."""
+        """Let lanes go, least recently used first: subagent instances' (a finished one never sends again),
+        then side and type lanes, the main agent's last, until both bounds hold (the current lane stays,
+        however big)."""
         while len(self.lanes) > self.max_lanes or self.held_prompt_bytes > self.max_lane_prompt_bytes:
             others = [lane for lane in self.lanes if lane != current]
             if not others:
                 return
-            victim = next((lane for lane in others if not is_main_lane(lane)), others[0])
+            victim = next((lane for lane in others if lane_group(lane) != lane), None)
+            victim = victim or next((lane for lane in others if not is_main_lane(lane)), others[0])
             state = self.lanes.pop(victim)
             self.held_prompt_bytes -= state.prompt_bytes
-            _add_to_group(self.retired, state.totals(victim))
+            if lane_group(victim) != victim:
+                _add_to_group(self.retired, state.totals(victim))
+            else:
+                self.retired_lanes[victim] = _merged(self.retired_lanes.get(victim), state.totals(victim))
 
     def _best_earlier(self, forwarded: PromptOrder) -> SharedPrefix | None:
         """The longest prefix shared with any recent request (the latest of equals)."""
@@ -544,8 +552,10 @@ class PrefixDiagnosis:
         return result
 
     def totals(self) -> dict[str, dict]:
-        """Per lane held; `breaks` counts them by cause, `group` is the type lane an instance lane belongs to."""
-        return {lane: state.totals(lane) for lane, state in self.lanes.items()}
+        """Per lane (but instance lanes let go: they are in their group's); `breaks` counts them by cause,
+        `group` is the type lane an instance lane belongs to."""
+        totals = {lane: _merged(self.retired_lanes.get(lane), state.totals(lane)) for lane, state in self.lanes.items()}
+        return totals | {lane: total for lane, total in self.retired_lanes.items() if lane not in totals}
 
     def group_totals(self) -> dict[str, dict]:
         """The instance lanes of each subagent type, added up, with every lane of it let go (`_bound`)."""
@@ -565,11 +575,25 @@ class PrefixDiagnosis:
         return lines
 
 
+_COUNTS = ("requests", "compared", "prefix_kept", "prefix_broke", "stable_prefix_bytes", "total_bytes")
+
+
+def _merged(earlier: dict | None, later: dict) -> dict:
+    """One lane's totals over two spans of it (before it was let go, and since)."""
+    if earlier is None:
+        return later
+    merged = {**later, **{key: earlier[key] + later[key] for key in _COUNTS}}
+    merged["stable_prefix_ratio"] = round(merged["stable_prefix_bytes"] / merged["total_bytes"], 6) if merged["total_bytes"] else None
+    for key in ("breaks", "neutralized"):
+        merged[key] = dict(Counter(earlier[key]) + Counter(later[key]))
+    return merged
+
+
 def _add_to_group(groups: dict[str, dict], total: dict) -> None:
     """Adds one lane's totals to its group's."""
     group = groups.setdefault(total["group"], {"instances": 0, "breaks": Counter(), "neutralized": Counter()})
     group["instances"] += 1
-    for key in ("requests", "compared", "prefix_kept", "prefix_broke", "stable_prefix_bytes", "total_bytes"):
+    for key in _COUNTS:
         group[key] = group.get(key, 0) + total[key]
     group["breaks"].update(total["breaks"])
     group["neutralized"].update(total["neutralized"])

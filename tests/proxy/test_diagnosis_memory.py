@@ -107,3 +107,20 @@ def test_an_instance_named_again_keeps_its_name():
     for number in range(1, 5):
         names.name_for(lane_signature(body, "anthropic", claude_code.agent_headers(instance_id(number))))
     assert names.name_for(lane_signature(body, "anthropic", claude_code.agent_headers(instance_id(0)))) == name
+
+
+def test_subagent_instances_go_before_a_side_lane_used_longer_ago():
+    diagnosis = PrefixDiagnosis(Rules(), max_lanes=2)
+    title = send(diagnosis, claude_code.title_request("prompt 1"), claude_code.agent_headers()).lane
+    for number in range(5):
+        send_subagent(diagnosis, number)
+    assert title in diagnosis.lanes
+
+
+def test_a_side_lane_let_go_keeps_its_counts_under_its_name():
+    diagnosis = PrefixDiagnosis(Rules(), max_lanes=1)
+    title = send(diagnosis, claude_code.title_request("prompt 1"), claude_code.agent_headers()).lane
+    send_subagent(diagnosis, 0)  # the one slot goes to it: the title lane is let go
+    assert title not in diagnosis.lanes and diagnosis.totals()[title]["requests"] == 1
+    send(diagnosis, claude_code.title_request("prompt 2"), claude_code.agent_headers())
+    assert diagnosis.totals()[title]["requests"] == 2
