@@ -4,8 +4,10 @@ OpenAI chat completions stream one `chat.completion.chunk` per event: a first
 chunk with the role, then deltas of the one choice (`reasoning_content`,
 `content`, `tool_calls` fragments: an id, type and name first, then pieces of
 the arguments), a chunk with its `finish_reason`, a usage chunk (`choices: []`)
-when the client asked for it, and `data: [DONE]`. vllm-mlx sends one chunk per
-generated token.
+when the client asked for it, and `data: [DONE]`. An event carries any number of tokens: vllm-mlx's batched
+engine merges outputs when the stream lags, a drafted step sends its accepted
+run in one, a partial character or the stop token sends none. So tokens are
+never counted here by events, only by what the server reports (`usage`).
 
 `Delivered` is what the client has been sent of such a stream: the envelope
 (id, created, model, system_fingerprint) and, in order, the segments of text
@@ -22,15 +24,22 @@ answer:
   that differs (sampling, or arithmetic that moved a near tie) stops it
   (`Diverged`), and nothing of that piece is sent;
 - continuation: every piece is new;
-- in both, the role chunk is not sent twice, every chunk carries the first
-  answer's envelope (so the client sees one id), a tool call already begun
-  keeps the id and name the client has, and the usage is that of the whole
-  answer (`usage_of_whole_answer`).
+- in both, the role chunk is not sent twice, nor the finish, every chunk
+  carries the first answer's envelope (so the client sees one id), a tool
+  call already begun keeps the id and name the client has, and the usage is
+  that of the whole answer (`usage_of_whole_answer`), sent only to a client
+  that asked for it.
+
+A continuation's cap and usage need the tokens the client has, as the server
+counts them: `count_request` asks the server for a prompt's token count (its
+`usage.prompt_tokens`, for one generated token), of the original request and
+of the continuation; the difference is what was delivered.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 
 from stable_prefix.addons.sse_events import SSEEvent, format_event
@@ -95,7 +104,7 @@ class Delivered:
     envelope: dict = field(default_factory=dict)
     segments: list[Segment] = field(default_factory=list)
     role_sent: bool = False
-    output_events: int = 0  # chunks carrying generated text: one per token from vllm-mlx
+    output_events: int = 0  # chunks carrying generated text (not tokens: a chunk carries any number)
     finish_reason: str | None = None
     usage_sent: bool = False
     done_sent: bool = False
@@ -151,28 +160,50 @@ class Delivered:
         return None
 
 
-def continuation_request(body: dict, delivered: Delivered) -> dict:
+def continuation_request(body: dict, delivered: Delivered, delivered_tokens: int | None) -> dict:
     """The request that makes the engine continue the delivered text: it as the assistant's last
     message, rendered without a generation prompt and without its end (vllm-mlx passes
-    `chat_template_kwargs` to the tokenizer's template: `continue_final_message`), with the
-    output cap less what was delivered."""
+    `chat_template_kwargs` to the tokenizer's template: `continue_final_message`), with its usage asked
+    for (the whole answer's is made from it), and the output cap less the `delivered_tokens` as the server
+    counted them. Where they could not be counted, the cap is less the chunks that carried output, each
+    at least one token: a lower bound, so the answer may run past the cap by the tokens chunks merged."""
     request = copy.deepcopy(body)
     request["messages"] = [*request.get("messages", []), {"role": "assistant", "content": delivered.text()}]
     template = request.get("chat_template_kwargs") if isinstance(request.get("chat_template_kwargs"), dict) else {}
     request["chat_template_kwargs"] = {**template, "add_generation_prompt": False, "continue_final_message": True}
+    options = request.get("stream_options") if isinstance(request.get("stream_options"), dict) else {}
+    request["stream_options"] = {**options, "include_usage": True}
+    spent = delivered.output_events if delivered_tokens is None else delivered_tokens
     for cap in ("max_tokens", "max_completion_tokens"):
         if isinstance(request.get(cap), int):
-            request[cap] = max(1, request[cap] - delivered.output_events)
+            request[cap] = max(1, request[cap] - spent)
     return request
 
 
-def usage_of_whole_answer(usage: dict, delivered_tokens: int, continuation: bool) -> dict:
-    """A replay's usage is the whole answer's already. A continuation's counts the `delivered_tokens` it
-    continued as its prompt: they move to the completion (prompt - k, completion + k, the total
-    unchanged), k counted as the chunks that carried them (one per token from vllm-mlx)."""
-    if not continuation or not isinstance(usage.get("prompt_tokens"), int) or not isinstance(usage.get("completion_tokens"), int):
+def count_request(body: dict) -> dict:
+    """The request whose answer's `usage.prompt_tokens` is the server's count of `body`'s prompt: not
+    streamed, one token generated (a continuation then finds the prompt in the engine's prefix cache)."""
+    request = {key: value for key, value in body.items() if key not in ("stream", "stream_options", "max_completion_tokens", "n")}
+    return {**request, "stream": False, "max_tokens": 1}
+
+
+def prompt_tokens_of(answer: bytes) -> int | None:
+    """The prompt's token count in a count request's answer (a chat completion object), or None."""
+    try:
+        usage = json.loads(answer).get("usage")
+    except (ValueError, AttributeError):
+        return None
+    count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return count if isinstance(count, int) and count >= 0 else None
+
+
+def usage_of_whole_answer(usage: dict, original_prompt_tokens: int | None) -> dict:
+    """A replay's usage is the whole answer's already (`original_prompt_tokens` None). A continuation's
+    prompt holds the original prompt and the delivered tokens: the whole answer's prompt is the original's
+    (as the server counted it), and every token beyond it was generated (the total unchanged)."""
+    if original_prompt_tokens is None or not isinstance(usage.get("prompt_tokens"), int) or not isinstance(usage.get("completion_tokens"), int):
         return usage
-    moved = min(delivered_tokens, usage["prompt_tokens"])
+    moved = min(max(0, usage["prompt_tokens"] - original_prompt_tokens), usage["prompt_tokens"])
     whole = {**usage, "prompt_tokens": usage["prompt_tokens"] - moved, "completion_tokens": usage["completion_tokens"] + moved}
     details = usage.get("prompt_tokens_details")
     if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
@@ -183,9 +214,11 @@ def usage_of_whole_answer(usage: dict, delivered_tokens: int, continuation: bool
 class Splice:
     """Turns another answer's events into the events the client gets next (module docstring)."""
 
-    def __init__(self, delivered: Delivered, *, continuation: bool) -> None:
+    def __init__(self, delivered: Delivered, *, continuation: bool, original_prompt_tokens: int | None = None, usage_wanted: bool = True) -> None:
         self.continuation = continuation
-        self.delivered_tokens = delivered.output_events  # at the start: what the continuation's prompt holds
+        # A continuation's usage is made the whole answer's from the original prompt's count (None: unknown, left as it is).
+        self.original_prompt_tokens = original_prompt_tokens if continuation else None
+        self.usage_wanted = usage_wanted  # the client asked for the usage chunk
         self.envelope = dict(delivered.envelope)
         self.role_sent = delivered.role_sent
         # A replay must first repeat these, in order; a continuation repeats nothing.
@@ -211,12 +244,12 @@ class Splice:
             spliced = self._choice(choice)
             if spliced is not None:
                 choices.append(spliced)
-        usage = chunk.get("usage")
-        if not choices and not usage and chunk.get("choices"):
-            return []  # everything in it was delivered already
-        out = {**chunk, **self.envelope, "choices": choices}
+        usage = chunk.get("usage") if self.usage_wanted else None
+        if not choices and not usage and (chunk.get("choices") or chunk.get("usage")):
+            return []  # everything in it was delivered already, or a usage the client did not ask for
+        out = {key: value for key, value in chunk.items() if key != "usage"} | self.envelope | {"choices": choices}
         if usage:
-            out["usage"] = usage_of_whole_answer(usage, self.delivered_tokens, self.continuation)
+            out["usage"] = usage_of_whole_answer(usage, self.original_prompt_tokens)
         return [format_event(out)]
 
     def _choice(self, choice: dict) -> dict | None:

@@ -21,7 +21,10 @@ or missing, tool calls whole, usage of the whole answer. How (`stream_recovery`)
   (`chat_splice.continuation_request`): no output decoded twice; a
   continuation of what was sent, the same as the uncut answer where the
   delivered text tokenizes back into the tokens generated (a model's text
-  usually does; a random-weight model's often does not).
+  usually does; a random-weight model's often does not). Its cap and usage
+  count the delivered tokens as the upstream counts them (two one-token
+  requests before it: the prompt's count, and the prompt's with the
+  delivered text), never by the events that carried them.
 - `off`: the stream ends with the protocol's error event (`engine_errors.py`).
 
 Each recovery is one line in the log, on the flow's comment, and counted
@@ -71,7 +74,7 @@ from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers.http import ErrorCode, ResponseData, ResponseEndOfMessage, ResponseProtocolError
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
-from stable_prefix.addons.chat_splice import Delivered, Diverged, Splice, continuation_request
+from stable_prefix.addons.chat_splice import Delivered, Diverged, Splice, continuation_request, count_request, prompt_tokens_of
 from stable_prefix.addons.engine_errors import protocol_of
 from stable_prefix.addons.lanes import agent_of
 from stable_prefix.addons.request_body import LeftAlone, read_json_body
@@ -86,6 +89,8 @@ CHAT_PATH = "/v1/chat/completions"
 MAX_ATTEMPTS = 3
 CONNECT_TIMEOUT_S = 30.0
 READ_BYTES = 65536
+ERROR_DETAIL_BYTES = 2000
+COUNT_ANSWER_BYTES = 1 << 20
 RECOVERED_NOTE = "completed a stream the engine broke off"
 STALE_AFTER_S = 60.0
 
@@ -271,6 +276,16 @@ class UpstreamAnswer:
             self.writer.close()
 
 
+async def _read_whole(answer: Answer, limit: int) -> bytes:
+    """An answer's body up to `limit` bytes (each read bounded as `Answer.read` is); what came before a fault."""
+    content = b""
+    with contextlib.suppress(UpstreamBroke):
+        while len(content) < limit and (piece := await answer.read()) is not None:
+            content += piece
+    answer.close()
+    return content
+
+
 # --- one recovery ----------------------------------------------------------------------------------------
 
 
@@ -319,7 +334,8 @@ class Recovery:
         self.current: Attempt | None = None
         self.next_kind = "replay" if mode == "replay" else "continuation"
         self.delivered_at_cut = followed.delivered.output_events
-        self.verified_events = 0
+        self.prompt_tokens: int | None = None  # the original request's, as the upstream counts them (a continuation asks)
+        self.counted = ""  # what the counts said, for the log
 
     async def step(self) -> Outcome:
         if self.current is None and self.followed.delivered.finished:
@@ -360,22 +376,49 @@ class Recovery:
         delivered = self.followed.delivered
         if continuation and (why := delivered.continuable()):
             return why
-        body = continuation_request(self.followed.body, delivered) if continuation else self.followed.body
-        attempt = Attempt("continuation" if continuation else "replay", time.monotonic(), Splice(delivered, continuation=continuation))
+        body, prompt_tokens = self.followed.body, None
+        if continuation:
+            prompt_tokens, delivered_tokens = await self._count_tokens()
+            body = continuation_request(self.followed.body, delivered, delivered_tokens)
+        usage_wanted = isinstance(options := self.followed.body.get("stream_options"), dict) and options.get("include_usage") is True
+        splice = Splice(delivered, continuation=continuation, original_prompt_tokens=prompt_tokens, usage_wanted=usage_wanted)
+        attempt = Attempt("continuation" if continuation else "replay", time.monotonic(), splice)
         self.attempts.append(attempt)
         try:
             attempt.answer = await self.ask(self.followed.request, json.dumps(body, ensure_ascii=False).encode(), self.insecure)
         except UpstreamBroke as error:
             return str(error)
         if attempt.answer.status != 200:
-            detail = b""
-            with contextlib.suppress(UpstreamBroke):
-                while (piece := await attempt.answer.read()) is not None and len(detail) < 2000:
-                    detail += piece
-            attempt.answer.close()
+            detail = await _read_whole(attempt.answer, ERROR_DETAIL_BYTES)
             return f"the upstream answered the {attempt.kind} with {attempt.answer.status}: {detail[:300].decode(errors='replace')}"
         self.current = attempt
         return None
+
+    async def _count_tokens(self) -> tuple[int | None, int | None]:
+        """(the original prompt's tokens, the delivered text's), as the server counts them: the prompt tokens of the
+        request and of the continuation (that one only where a cap needs them); None where it did not say."""
+        if self.prompt_tokens is None:
+            self.prompt_tokens = await self._prompt_tokens(self.followed.body)
+        if self.prompt_tokens is None or not any(isinstance(self.followed.body.get(cap), int) for cap in ("max_tokens", "max_completion_tokens")):
+            return self.prompt_tokens, None
+        with_delivered = await self._prompt_tokens(continuation_request(self.followed.body, self.followed.delivered, 0))
+        if with_delivered is None:
+            return self.prompt_tokens, None
+        self.counted = f"{with_delivered - self.prompt_tokens} tokens delivered, {self.prompt_tokens} in the prompt, as the upstream counts them"
+        return self.prompt_tokens, max(0, with_delivered - self.prompt_tokens)
+
+    async def _prompt_tokens(self, body: dict) -> int | None:
+        try:
+            answer = await self.ask(self.followed.request, json.dumps(count_request(body), ensure_ascii=False).encode(), self.insecure)
+        except UpstreamBroke as error:
+            logger.info(f"{OPTION}: could not count the prompt's tokens ({error})")
+            return None
+        content = await _read_whole(answer, COUNT_ANSWER_BYTES)
+        count = prompt_tokens_of(content) if answer.status == 200 else None
+        if count is None:
+            logger.info(f"{OPTION}: the upstream did not count the prompt's tokens ({answer.status}: {content[:200].decode(errors='replace')}); "
+                        "the continuation's cap is less the chunks delivered (each at least a token) and its usage is as the upstream reports it")
+        return count
 
     def _lost_attempt(self, why: str) -> Outcome:
         """The recovery's own answer broke off: the next attempt starts from what the client has by then."""
@@ -404,7 +447,8 @@ class Recovery:
         kinds = " then ".join(attempt.kind for attempt in self.attempts) or "nothing sent"
         delivered = self.followed.delivered
         return (f"{len(self.attempts)} request(s) to {self.followed.request.scheme}://{self.followed.request.host}:{self.followed.request.port} "
-                f"({kinds}); the client had {self.delivered_at_cut} output events at the cut and has {delivered.output_events} now")
+                f"({kinds}); the client had {self.delivered_at_cut} output events at the cut and has {delivered.output_events} now"
+                + (f" ({self.counted})" if self.counted else ""))
 
 
 # --- the seam in mitmproxy -------------------------------------------------------------------------------

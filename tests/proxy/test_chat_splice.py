@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from stable_prefix.addons.chat_splice import Delivered, Diverged, Splice, continuation_request, usage_of_whole_answer
+from stable_prefix.addons.chat_splice import (
+    Delivered,
+    Diverged,
+    Splice,
+    continuation_request,
+    count_request,
+    prompt_tokens_of,
+    usage_of_whole_answer,
+)
 from stable_prefix.addons.sse_events import SSEParser, format_event
 
 ENVELOPE = {"id": "chatcmpl-first", "object": "chat.completion.chunk", "created": 100, "model": "tiny"}
@@ -33,8 +41,8 @@ def delivered(events: list[bytes]) -> Delivered:
     return seen
 
 
-def spliced(into: Delivered, events: list[bytes], *, continuation: bool = False) -> list[dict | str]:
-    splice = Splice(into, continuation=continuation)
+def spliced(into: Delivered, events: list[bytes], *, continuation: bool = False, **options) -> list[dict | str]:
+    splice = Splice(into, continuation=continuation, **options)
     out = b"".join(piece for event in SSEParser().feed(b"".join(events)) for piece in splice.events(event))
     return [event.json() if event.data != "[DONE]" else "[DONE]" for event in SSEParser().feed(out)]
 
@@ -102,10 +110,10 @@ def test_a_continuation_is_sent_whole_after_what_the_client_has():
     assert client_has.text() + text_of(out) == "".join(WORDS)
 
 
-def test_a_continuations_usage_counts_the_delivered_tokens_as_completion():
-    client_has = delivered(answer(WORDS)[:3])  # two output chunks: two tokens
+def test_a_continuations_usage_counts_what_goes_beyond_the_original_prompt_as_completion():
+    client_has = delivered(answer(WORDS)[:3])  # two output chunks, two tokens as the server counted the prompts
     usage = {"prompt_tokens": 52, "completion_tokens": 4, "total_tokens": 56, "prompt_tokens_details": {"cached_tokens": 52}}
-    out = spliced(client_has, answer([" reads", " each", " line", "."], OTHER_ENVELOPE, usage=usage), continuation=True)
+    out = spliced(client_has, answer([" reads", " each", " line", "."], OTHER_ENVELOPE, usage=usage), continuation=True, original_prompt_tokens=50)
     whole = next(c["usage"] for c in out if isinstance(c, dict) and c.get("usage"))
     assert (whole["prompt_tokens"], whole["completion_tokens"], whole["total_tokens"]) == (50, 6, 56)
     assert whole["prompt_tokens_details"]["cached_tokens"] == 50
@@ -113,7 +121,7 @@ def test_a_continuations_usage_counts_the_delivered_tokens_as_completion():
 
 def test_a_replays_usage_is_the_whole_answers_as_the_engine_counted_it():
     usage = {"prompt_tokens": 50, "completion_tokens": 6, "total_tokens": 56}
-    assert usage_of_whole_answer(usage, 3, continuation=False) == usage
+    assert usage_of_whole_answer(usage, None) == usage
 
 
 def test_a_tool_call_the_client_has_begun_keeps_its_id_and_name():
@@ -161,13 +169,32 @@ def test_several_choices_cannot_be_spliced():
     assert delivered([many]).unreadable == "more than one choice"
 
 
-def test_the_continuation_request_ends_with_the_delivered_text_to_continue_and_a_smaller_cap():
+def test_the_continuation_request_ends_with_the_delivered_text_to_continue_and_a_cap_less_its_tokens():
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100, "stream": True,
             "chat_template_kwargs": {"enable_thinking": False}}
-    request = continuation_request(body, delivered(answer(WORDS)[:4]))
+    request = continuation_request(body, delivered(answer(WORDS)[:4]), delivered_tokens=40)
     assert request["messages"][-1] == {"role": "assistant", "content": "The parser reads"}
     assert request["chat_template_kwargs"] == {"enable_thinking": False, "add_generation_prompt": False, "continue_final_message": True}
-    assert request["max_tokens"] == 97 and body["messages"] == [{"role": "user", "content": "Hi"}]
+    assert request["max_tokens"] == 60 and request["stream_options"] == {"include_usage": True}
+    assert body["messages"] == [{"role": "user", "content": "Hi"}] and "stream_options" not in body
+
+
+def test_uncounted_the_continuations_cap_is_less_the_chunks_delivered_each_at_least_a_token():
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100, "stream": True}
+    assert continuation_request(body, delivered(answer(WORDS)[:4]), delivered_tokens=None)["max_tokens"] == 97
+
+
+def test_a_count_request_asks_for_one_token_not_streamed():
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100, "stream": True,
+            "stream_options": {"include_usage": True}, "tools": []}
+    assert count_request(body) == {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": False, "tools": []}
+    assert prompt_tokens_of(b'{"usage": {"prompt_tokens": 12, "completion_tokens": 1}}') == 12
+    assert prompt_tokens_of(b'{"error": "busy"}') is None and prompt_tokens_of(b"<html>") is None
+
+
+def test_a_usage_the_client_did_not_ask_for_is_not_sent():
+    out = spliced(delivered(answer(WORDS)[:3]), answer(WORDS, OTHER_ENVELOPE), usage_wanted=False)
+    assert not any(isinstance(c, dict) and c.get("usage") for c in out) and out[-1] == "[DONE]"
 
 
 def test_what_the_client_has_follows_each_whole_event():

@@ -17,59 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
-
-from mitmproxy.http import Headers
-from mitmproxy.test import tflow, tutils
 
 from stable_prefix.addons.engine_errors import error_event
 from stable_prefix.addons.sse_events import SSEParser
 from stable_prefix.addons.stream_recovery import Recovery, follow
 from tests.support.recorded_streams import Ids, answer_of_chat, anthropic_stream, chat_stream, responses_stream
-from tests.support.sse_upstream import awkward_pieces
+from tests.support.recovery_in_memory import CUT_REASON, in_turn, recovered, streamed_flow, through_proxy
 
 REPLAY_IDS = Ids(answer="replayed", call="2", created=200)
-# The replay as a network delivers it: pieces that split events, tags and characters.
-REPLAY_PIECE_SIZES = (512, 3, 97, 1, 64)
-CUT_REASON = "HTTP/1 protocol error: peer closed connection without sending complete message body: incomplete chunked read"
-
-
-class RecordedAnswer:
-    """The upstream's answer to a recovery request, from bytes in memory, in awkward pieces."""
-
-    def __init__(self, data: bytes) -> None:
-        self.status = 200
-        self.pieces = [piece for _, piece in awkward_pieces(data, REPLAY_PIECE_SIZES)]
-        self.closed = False
-
-    async def read(self) -> bytes | None:
-        return self.pieces.pop(0) if self.pieces else None
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def answered_by(*answers: bytes):
-    """The recovery's way to ask the upstream: each request gets the next answer."""
-    queue = list(answers)
-    asked: list[dict] = []
-
-    async def ask(request, body: bytes, insecure: bool) -> RecordedAnswer:
-        asked.append(json.loads(body))
-        return RecordedAnswer(queue.pop(0))
-
-    ask.asked = asked
-    return ask
-
-
-def streamed_flow(path: str) -> tflow.HTTPFlow:
-    body = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 100,
-            "messages" if path != "/v1/responses" else "input": [{"role": "user", "content": "Read the file."}]}
-    request = tutils.treq(method=b"POST", path=path.encode(), headers=Headers(content_type="application/json"), content=json.dumps(body).encode())
-    flow = tflow.tflow(req=request, resp=tutils.tresp(headers=Headers(content_type="text/event-stream", transfer_encoding="chunked")))
-    flow.response.stream = True  # as strip_billing sets it
-    return flow
 
 
 def as_sent(stream: bytes, cut: int) -> list[bytes]:
@@ -103,29 +59,12 @@ def cuts_of(stream: bytes) -> list[int]:
     return sorted(cut for cut in cuts if 0 <= cut <= len(stream))
 
 
-def through_proxy(flow: tflow.HTTPFlow, data: bytes) -> bytes:
-    """What the client gets of `data` from the upstream: the flow's stream callable, or the bytes as they came."""
-    stream = flow.response.stream
-    if not callable(stream):
-        return data
-    result = stream(data)
-    return result if isinstance(result, bytes) else b"".join(result)
-
-
 async def chat_after_cut(stream: bytes, cut: int, replay: bytes) -> bytes:
     """The client's bytes of a chat completion stream cut after `cut` bytes and recovered by a replay."""
     flow = streamed_flow("/v1/chat/completions")
     followed = follow(flow, "replay")
     received = b"".join(through_proxy(flow, piece) for piece in as_sent(stream, cut))
-    recovery = Recovery(followed, "replay", CUT_REASON, ask=answered_by(replay))
-    for _ in range(10_000):
-        outcome = await recovery.step()
-        received += b"".join(chunk for data in outcome.events for chunk in followed.to_client(data))
-        if outcome.finished:
-            return received + b"".join(followed.to_client(b""))
-        if outcome.failed:
-            return received + error_event("openai", outcome.failed)
-    raise AssertionError("the recovery never ended")
+    return received + await recovered(followed, Recovery(followed, "replay", CUT_REASON, ask=in_turn(replay)))
 
 
 def test_a_chat_completion_cut_at_any_byte_is_completed_equal_to_the_uncut_one():

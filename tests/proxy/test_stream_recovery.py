@@ -141,12 +141,17 @@ def test_a_stream_that_cannot_be_completed_ends_silently_for_qwen_code_which_sen
 
 @pytest.mark.server
 def test_continue_mode_has_the_engine_continue_the_delivered_text(replica, tmp_path):
+    request = body("Write about the disk tier.")
+    uncut = send(replica.url, CHAT, request)
     with proxy_before_cuts(replica, tmp_path, Cut(MID_REPLY), stream_recovery="continue") as (proxy, relay):
-        spliced = send(proxy.url, CHAT, body("Write about the disk tier."))
+        spliced = send(proxy.url, CHAT, request)
         log = proxy.log_text()
-    cut, continuation = relay.api_requests()
+    cut, *counts, continuation = relay.api_requests()
     assert cut.cut and not continuation.cut and continuation.last_role == "assistant"
+    assert [count.stream for count in counts] == [False, False], "the prompt's tokens counted, then with the delivered text"
     assert "(continuation)" in log and spliced.events[-1]["choices"] == []
+    # The usage of the whole answer: the prompt as the engine counts it, everything after it generated.
+    assert spliced.usage["prompt_tokens"] == uncut.usage["prompt_tokens"]
     assert spliced.usage["prompt_tokens"] + spliced.usage["completion_tokens"] == spliced.usage["total_tokens"]
     assert len({chunk["id"] for chunk in chunks_of(spliced)}) == 1
 
