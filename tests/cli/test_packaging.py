@@ -1,5 +1,6 @@
 """Packaging: one distribution namespace, a console script, and a non-editable install that works."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,16 @@ def test_every_folder_of_the_namespace_with_an_init_is_a_listed_package():
         for init in (REPO_ROOT / folder).rglob("__init__.py"):
             present.add(".".join((name, *init.parent.relative_to(REPO_ROOT / folder).parts)))
     assert present - listed == set(), f"folders with __init__.py not in [tool.setuptools] packages: {sorted(present - listed)}"
+
+
+def test_the_wheel_requires_only_the_proxys_dependencies_and_offers_the_engine_as_an_extra(wheel):
+    archive = zipfile.ZipFile(wheel)
+    [metadata] = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+    requires = [line.removeprefix("Requires-Dist: ") for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist: ")]
+    plain = {re.match(r"[\w.-]+", requirement).group() for requirement in requires if "extra ==" not in requirement}
+    engine = {re.match(r"[\w.-]+", requirement).group() for requirement in requires if 'extra == "engine"' in requirement}
+    assert plain == {"mitmproxy", "deepdiff"}, "a proxy-only install (pip install stable-prefix) must not need the engine's packages"
+    assert {"mlx-lm", "vllm-mlx", "numpy", "psutil"} <= engine
 
 
 def test_the_wheel_declares_the_console_script(wheel):
