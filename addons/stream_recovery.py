@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -93,6 +94,11 @@ ERROR_DETAIL_BYTES = 2000
 COUNT_ANSWER_BYTES = 1 << 20
 RECOVERED_NOTE = "completed a stream the engine broke off"
 STALE_AFTER_S = 60.0
+STALL_OPTION = "stall_timeout"
+# A team's value (`stable-prefix up --upstream`): above the longest silent prefill a replica makes (minutes for a cold 100K tokens).
+TEAM_STALL_TIMEOUT_S = 300
+# With stall_timeout off, a recovery's read still waits no longer than mitmproxy itself lets a connection idle (tcp_timeout's default).
+IDLE_READ_LIMIT_S = 600.0
 
 
 def declare_option(loader) -> None:
@@ -102,12 +108,33 @@ def declare_option(loader) -> None:
         "replay (send the request again, skip what the client has, checked piece by piece: exact under greedy decoding; "
         "where it differs, continue), continue (the engine continues the text delivered so far), off (end it with the error event).",
     )
+    loader.add_option(
+        STALL_OPTION, int, 0,
+        "Seconds without a byte from the upstream while a streamed answer is in flight (after its headers) before its replica is "
+        "taken for frozen (a Mac asleep, a network partition: the connection stays open, nothing comes) and the stream is cut as a "
+        "dead replica's: a chat completion is completed on the survivor the upstream (a router) picks, another stream ends with the "
+        "protocol's error event for the agent to send again; the recovery's own reads wait no longer. 0 (the default): off. Before "
+        "one local engine there is no survivor to ask, and a long prefill sends no byte for minutes (a cold 100K-token prompt on a Mac, "
+        "or a request queued behind others: engines send no keep-alive). `stable-prefix up --upstream` (a team behind a router) sets "
+        f"{TEAM_STALL_TIMEOUT_S}: above such a prefill, where a frozen replica would otherwise hold the turn forever.",
+    )
 
 
 def parse_mode(value: str) -> str:
     if value not in MODES:
         raise exceptions.OptionsError(f"{OPTION}={value!r}: not one of {', '.join(MODES)}")
     return value
+
+
+def parse_stall_timeout(value: int) -> int:
+    if value < 0:
+        raise exceptions.OptionsError(f"{STALL_OPTION}={value!r}: must be 0 (off) or a number of seconds")
+    return value
+
+
+def read_limit_s(stall_timeout: float) -> float:
+    """How long a recovery waits for the next byte of an answer: the stall timeout, or mitmproxy's idle limit when it is off."""
+    return stall_timeout if stall_timeout > 0 else IDLE_READ_LIMIT_S
 
 
 # --- what the client has been sent -------------------------------------------------------------------
@@ -215,13 +242,16 @@ class UpstreamBroke(Exception):
 
 
 class UpstreamAnswer:
-    """One POST to the upstream over its own connection (HTTP/1.1, h11), read chunk by chunk."""
+    """One POST to the upstream over its own connection (HTTP/1.1, h11), read chunk by chunk, no read waiting
+    longer than `read_limit_s` (a frozen survivor is a cut too)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: h11.Connection, status: int) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: h11.Connection, status: int,
+                 read_limit_s: float = IDLE_READ_LIMIT_S) -> None:
         self.reader, self.writer, self.connection, self.status = reader, writer, connection, status
+        self.read_limit_s = read_limit_s
 
     @classmethod
-    async def post(cls, request: http.Request, body: bytes, insecure: bool) -> UpstreamAnswer:
+    async def post(cls, request: http.Request, body: bytes, insecure: bool, read_limit_s: float = IDLE_READ_LIMIT_S) -> UpstreamAnswer:
         context = None
         if request.scheme == "https":
             context = ssl.create_default_context()
@@ -237,12 +267,15 @@ class UpstreamAnswer:
         headers = [("host", f"{request.host}:{request.port}"), *((name, value) for name, value in request.headers.items(multi=True)
                                                                  if name.lower() not in skip),
                    ("content-length", str(len(body))), ("accept-encoding", "identity"), ("connection", "close")]
-        answer = cls(reader, writer, connection, 0)
+        answer = cls(reader, writer, connection, 0, read_limit_s)
         try:
             writer.write(connection.send(h11.Request(method=request.method, target=request.path, headers=headers)))
             writer.write(connection.send(h11.Data(data=body)) + connection.send(h11.EndOfMessage()))
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), read_limit_s)
             head = await answer._next()
+        except TimeoutError as error:
+            answer.close()
+            raise UpstreamBroke(f"the upstream sent nothing for {read_limit_s:g} s before answering") from error
         except (OSError, h11.ProtocolError) as error:
             answer.close()
             raise UpstreamBroke(f"the upstream broke off before answering ({error})") from error
@@ -257,12 +290,14 @@ class UpstreamAnswer:
             event = self.connection.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            self.connection.receive_data(await self.reader.read(READ_BYTES))
+            self.connection.receive_data(await asyncio.wait_for(self.reader.read(READ_BYTES), self.read_limit_s))
 
     async def read(self) -> bytes | None:
-        """The next piece of the body; None at its end; UpstreamBroke if it is cut."""
+        """The next piece of the body; None at its end; UpstreamBroke if it is cut, or sends nothing for `read_limit_s`."""
         try:
             event = await self._next()
+        except TimeoutError as error:
+            raise UpstreamBroke(f"the recovery's answer sent nothing for {self.read_limit_s:g} s") from error
         except (OSError, h11.ProtocolError) as error:
             raise UpstreamBroke(f"the recovery's answer was cut too ({error})") from error
         if isinstance(event, h11.Data):
@@ -324,9 +359,10 @@ class Outcome:
 class Recovery:
     """Completing one broken-off stream: attempts (a replay, a continuation) one upstream read at a time."""
 
-    def __init__(self, followed: FollowedStream, mode: str, reason: str, insecure: bool = False, ask: Ask | None = None) -> None:
+    def __init__(self, followed: FollowedStream, mode: str, reason: str, insecure: bool = False, ask: Ask | None = None,
+                 read_limit_s: float = IDLE_READ_LIMIT_S) -> None:
         self.followed, self.mode, self.reason, self.insecure = followed, mode, reason, insecure
-        self.ask = ask or UpstreamAnswer.post
+        self.ask = ask or functools.partial(UpstreamAnswer.post, read_limit_s=read_limit_s)
         self.started = time.monotonic()
         # The answer goes on after the client's last whole event: the half of one the upstream died in goes.
         self.dropped_bytes = followed.drop_unfinished_event()
@@ -483,6 +519,10 @@ def mode() -> str:
     return str(getattr(ctx.options, OPTION, "off"))
 
 
+def stall_timeout() -> int:
+    return int(getattr(ctx.options, STALL_OPTION, 0))
+
+
 def _recovers(server: Http1Server, event) -> FollowedStream | None:
     """The followed stream this failure broke off, if it is one to complete: the upstream's side failed
     (not a flow killed in mitmweb) after the response began, and the client is still there."""
@@ -502,9 +542,11 @@ def _client_is_reading(server: Http1Server) -> bool:
 
 
 def _recover(server: Http1Server, event: ResponseProtocolError, followed: FollowedStream, send) -> commands.CommandGenerator[None]:
-    recovery = Recovery(followed, mode(), event.message, bool(getattr(ctx.options, "ssl_insecure", False)))
+    reason = f"it sent nothing for {stall_timeout():g} s: {STALL_OPTION}" if followed.stall_cut else event.message
+    recovery = Recovery(followed, mode(), reason, bool(getattr(ctx.options, "ssl_insecure", False)), read_limit_s=read_limit_s(stall_timeout()))
     where = f"{server.request.method} {server.request.path}"
-    logger.warning(f"{where}: the engine broke off its answer ({event.message}); {OPTION}={recovery.mode}: completing it in the client's stream")
+    dropped = f", {recovery.dropped_bytes} bytes of an unfinished event dropped" if recovery.dropped_bytes else ""
+    logger.warning(f"{where}: the engine broke off its answer ({reason}{dropped}); {OPTION}={recovery.mode}: completing it in the client's stream")
     while True:
         step = RecoveryStep(recovery)
         yield StreamRecoveryStepHook(step)
@@ -588,8 +630,46 @@ def install() -> None:
     Http1Server.send = send
 
 
+# --- a frozen upstream -----------------------------------------------------------------------------------
+
+
+def stalled(now: float, timeout: float) -> list[tuple[http.HTTPFlow, FollowedStream]]:
+    """The streams in flight whose upstream has sent nothing for `timeout` seconds (not yet cut for it)."""
+    found = []
+    for alive, followed in list(_followed.values()):
+        flow = followed.flow()
+        if alive() is None or flow is None or not flow.live or followed.errored_at is not None or followed.stall_cut is not None:
+            continue
+        if followed.response.timestamp_end is None and now - followed.last_byte_at > timeout:
+            found.append((flow, followed))
+    return found
+
+
+def cut_upstream(flow: http.HTTPFlow, why: str) -> str | None:
+    """Close the flow's upstream connection as mitmproxy closes an idle one (its reading task cancelled): the stream is then
+    broken off as by a dead replica. None when done, else why not. mitmproxy has no command for it: this reads its proxy
+    server's connection handlers (pinned mitmproxy; each name checked)."""
+    handlers = getattr(ctx.master.addons.get("proxyserver"), "connections", None)
+    handler = handlers.get(flow.client_conn.id) if isinstance(handlers, dict) else None
+    transports = getattr(handler, "transports", None)
+    if transports is None:
+        return "the client's connection is gone"
+    client, upstream = transports.get(flow.client_conn), transports.get(flow.server_conn)
+    if upstream is None or upstream.handler is None:
+        return "the upstream connection is gone"
+    backlog = getattr(getattr(getattr(client, "writer", None), "transport", None), "get_write_buffer_size", lambda: 0)()
+    if backlog:
+        return f"the client has not read the last {backlog} bytes yet (the upstream waits for it, it is not frozen)"
+    upstream.handler.cancel(why)
+    return None
+
+
 class StreamRecovery:
-    """The addon: follows streamed chat completions, and answers the recovery's hook."""
+    """The addon: follows streamed answers in whole events, completes broken-off chat completions (answering the
+    recovery's hook), and cuts an upstream that has sent nothing for `stall_timeout` seconds."""
+
+    def __init__(self) -> None:
+        self.watch: asyncio.Task | None = None
 
     def load(self, loader) -> None:
         declare_option(loader)
@@ -598,6 +678,30 @@ class StreamRecovery:
     def configure(self, updated) -> None:
         if OPTION in updated:
             parse_mode(getattr(ctx.options, OPTION))
+        if STALL_OPTION in updated:
+            parse_stall_timeout(stall_timeout())
+
+    def running(self) -> None:
+        if self.watch is None:
+            self.watch = asyncio.get_running_loop().create_task(self.watch_stalls(), name="stall_timeout")
+
+    async def watch_stalls(self) -> None:
+        """Every quarter of `stall_timeout` (at most a second), cut what has stalled that long."""
+        while True:
+            timeout = stall_timeout()
+            await asyncio.sleep(min(1.0, timeout / 4) if timeout > 0 else 1.0)
+            if timeout <= 0:
+                continue
+            for flow, followed in stalled(time.monotonic(), timeout):
+                where = f"{flow.request.method} {flow.request.path}"
+                why = f"{STALL_OPTION}: the upstream sent nothing for {timeout:g} s"
+                problem = cut_upstream(flow, why)
+                if problem is None:
+                    followed.stall_cut = time.monotonic()
+                    logger.warning(f"{where}: {why} with the answer in flight: taken for a frozen replica, its connection closed")
+                elif "not frozen" not in problem:
+                    followed.stall_cut = time.monotonic()  # once: what cannot be cut now will not be later
+                    logger.warning(f"{where}: {why}, but its connection could not be closed ({problem})")
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None and flow.response.stream:
@@ -619,6 +723,9 @@ class StreamRecovery:
             step.outcome = Outcome(failed=f"the recovery failed ({error!r})")
 
     def done(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
         if COUNTS.completed or COUNTS.not_completed:
             completed = sum(COUNTS.completed.values())
             detail = ", ".join(f"{how} {count}" for how, count in COUNTS.completed.items())

@@ -54,8 +54,9 @@ _WEB_URL = re.compile(r"Web server listening at (\S+)")
 
 
 # A team's proxy before a router (docs/scale-out.md): the key under the names smg, HAProxy and vllm-router read,
-# and bodies smg's strict schema accepts. `--set` after them wins.
-TEAM_PROXY_OPTIONS = {"lane_routing_header": "x-smg-routing-key,x-session-id", "strict_router_body": "true"}
+# bodies smg's strict schema accepts, and a frozen replica's stream cut and completed on a survivor
+# (stream_recovery.TEAM_STALL_TIMEOUT_S). `--set` after them wins.
+TEAM_PROXY_OPTIONS = {"lane_routing_header": "x-smg-routing-key,x-session-id", "strict_router_body": "true", "stall_timeout": "300"}
 
 
 class StackError(Exception):
