@@ -11,6 +11,7 @@ live page does: each call parses only the records that appeared since the last.
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from stable_prefix.live import live_line
 from stable_prefix.usage import prompt_tokens_in_usage, reuse_in_record
 
 RECORD_FILES = "[0-9]*-*.json"
+MIN_REQUESTS_FOR_SLOPE = 3  # with different prefilled tokens
 COLD = "first request of its lane"
 KEPT = "prefix kept: the turn's new tokens"
 
@@ -67,20 +69,24 @@ class RequestBar:
 
 @dataclass(frozen=True)
 class PrefillRate:
-    """Prompt tokens prefilled per second: the sum of prefilled tokens over the sum of the TTFTs of the
-    requests that report both (and prefilled any). A TTFT also holds the first token's decode, the queue and
-    the proxy, so this is a lower bound on the engine's rate, and times derived from it are upper bounds."""
+    """Prompt tokens prefilled per second, measured on the session's requests that report both their prefilled
+    tokens and a TTFT. `slope`: the least-squares slope of TTFT against prefilled tokens, so the part of a TTFT
+    that does not grow with the prefill (the first token's decode, the queue, the proxy: the intercept,
+    `fixed_s`) is not taken for prefill. `ratio`, where there are too few requests for a slope or the TTFTs did
+    not grow with the prefill: the sum of prefilled tokens over the sum of those TTFTs, a lower bound on the rate."""
 
-    tokens: int
-    seconds: float
+    seconds_per_token: float
+    fixed_s: float | None  # the slope's intercept; None for a ratio
     requests: int
+    tokens: int
+    method: str  # "slope" or "ratio"
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds
+        return 1.0 / self.seconds_per_token
 
     def seconds_for(self, tokens: int) -> float:
-        return tokens / self.tokens_per_s
+        return tokens * self.seconds_per_token
 
 
 @dataclass(frozen=True)
@@ -109,8 +115,12 @@ class Session:
 
     def prefill_rate(self) -> PrefillRate | None:
         timed = [bar for bar in self.requests if bar.prefilled_tokens and bar.ttft_s]
-        seconds = sum(bar.ttft_s for bar in timed)
-        return PrefillRate(sum(bar.prefilled_tokens for bar in timed), seconds, len(timed)) if seconds > 0 else None
+        tokens, seconds = [bar.prefilled_tokens for bar in timed], [bar.ttft_s for bar in timed]
+        if len(set(tokens)) >= MIN_REQUESTS_FOR_SLOPE:
+            slope, intercept = statistics.linear_regression(tokens, seconds)
+            if slope > 0:
+                return PrefillRate(slope, intercept, len(timed), sum(tokens), "slope")
+        return PrefillRate(sum(seconds) / sum(tokens), None, len(timed), sum(tokens), "ratio") if timed else None
 
     def cost_groups(self) -> list[CostGroup]:
         """Every request's prefill, charged to a break's cause, a cold start or a kept prefix; causes first,

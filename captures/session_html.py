@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from stable_prefix.captures.session import COLD, KEPT, CostGroup, PrefillRate, RequestBar, Session
 
 REUSED, PREFILLED, TTFT, BREAK, UNKNOWN = "#2ca25f", "#f28e2b", "#4e79a7", "#d62728", "#9a9a9a"
-LEFT, RIGHT = 72, 24  # room for the axis labels
+LEFT, RIGHT = 92, 24  # room for the axis labels
 TOKENS_HEIGHT, TTFT_HEIGHT, GAP, AXIS_HEIGHT = 120, 44, 10, 18
 LABEL_ROW, LABEL_ROWS, MARKER = 14, 3, 8
-PLOT_WIDTH = 1000  # a lane's bars share it, each 3-16 px; a longer lane scrolls sideways
+PLOT_WIDTH = 1000  # a lane's bars share it, each 3-24 px; a longer lane scrolls sideways
 CHAR_PX = 6.2  # an 11 px label's mean character width, to keep labels from overlapping
 DIFF_LINES = 40  # per break; the command beside it prints them all
 
@@ -78,7 +78,7 @@ class LaneGeometry:
 
     @property
     def step(self) -> int:
-        return max(3, min(16, PLOT_WIDTH // max(self.count, 1)))
+        return max(3, min(24, PLOT_WIDTH // max(self.count, 1)))
 
     @property
     def bar_width(self) -> int:
@@ -219,13 +219,19 @@ def _rate_note(rate: PrefillRate | None) -> str:
     if rate is None:
         return ("<p class=\"note\">No prefill rate: no request reported both its prefilled tokens and a time to first token "
                 "(reuse unknown, or answers not streamed), so no time is estimated.</p>")
+    if rate.method == "slope":
+        how = (f"the slope of the time to first token against the tokens prefilled (least squares over the {rate.requests:,} "
+               f"requests that report both, {rate.tokens:,} tokens). Its intercept, {rate.fixed_s:,.2f} s, is the part of a TTFT "
+               "that does not grow with the prefill (the first token's decode, the queue, the proxy), charged to no cause; "
+               "prefill grows faster than linearly with a long context, so the rate is that of this session's sizes")
+    else:
+        how = (f"the sum of prefilled tokens over the sum of the TTFTs of the {rate.requests:,} requests that report both "
+               f"({rate.tokens:,} tokens; too few, or too alike, for a slope). A TTFT also holds the first token's decode, the "
+               "queue and the proxy, so the rate is a lower bound and each estimated time an upper bound")
     return (
-        f"<p class=\"note\">Prefill rate measured on this session: {rate.tokens:,} tokens prefilled over {rate.seconds:,.2f} s of "
-        f"TTFT in {rate.requests:,} requests = {rate.tokens_per_s:,.0f} tokens/s (the sum of prefilled tokens over the sum of "
-        "their TTFTs). A TTFT also holds the first token's decode, the queue and the proxy, so the rate is a lower bound "
-        "and each estimated time an upper bound. A break's tokens include its turn's new ones, which a kept prefix "
-        f"prefills too. \u201c{_e(COLD)}\u201d: the lane had nothing cached yet; \u201c{_e(KEPT)}\u201d: what a kept prefix "
-        "still prefills.</p>"
+        f"<p class=\"note\">Prefill rate measured on this session: {rate.tokens_per_s:,.0f} tokens/s, {how}. A break's tokens "
+        f"include its turn's new ones, which a kept prefix prefills too. \u201c{_e(COLD)}\u201d: the lane had nothing cached "
+        f"yet; \u201c{_e(KEPT)}\u201d: what a kept prefix still prefills.</p>"
     )
 
 

@@ -71,12 +71,20 @@ def test_reuse_the_server_did_not_report_is_unknown_never_zero(tmp_path):
     assert 'fill="url(#unknown)"' in page and f'fill="{REUSED}"' not in page and f'fill="{PREFILLED}"' not in page
 
 
-def test_the_prefill_rate_is_the_prefilled_tokens_over_their_ttfts(session):
-    rate = session.prefill_rate()
-    timed = [bar for bar in session.requests if bar.prefilled_tokens]
-    assert rate.requests == len(timed) == 11
-    assert rate.tokens == sum(bar.prefilled_tokens for bar in timed)
-    assert rate.tokens_per_s == pytest.approx(rate.tokens / sum(bar.ttft_s for bar in timed))
+def test_the_prefill_rate_is_the_slope_of_ttft_over_prefilled_tokens_so_fixed_time_is_not_prefill(session):
+    rate = session.prefill_rate()  # scripted: TTFT = 50 ms + 0.5 ms per token prefilled
+    assert rate.method == "slope" and rate.requests == 11
+    assert rate.tokens_per_s == pytest.approx(2000, rel=0.02)
+    assert rate.fixed_s == pytest.approx(0.05, abs=0.005)
+    assert rate.seconds_for(1150) == pytest.approx(0.575, rel=0.02)
+
+
+def test_too_few_requests_for_a_slope_give_the_ratio_of_sums(tmp_path):
+    folder = write_session(tmp_path, [Exchange(claude_code.main_request(turn), {"input_tokens": 400, "cache_read_input_tokens": 100 * turn}, 0.5)
+                                      for turn in (1, 2)])
+    rate = read_session(folder).prefill_rate()
+    assert rate.method == "ratio" and rate.fixed_s is None
+    assert rate.tokens_per_s == pytest.approx(800 / 1.0, rel=0.02)
 
 
 def test_every_prefilled_token_is_charged_to_a_cause_a_cold_start_or_a_kept_prefix(session):
