@@ -28,11 +28,12 @@ from mitmproxy import ctx, exceptions, http
 
 from stable_prefix.addons.lanes import LaneNames, lane_signature
 from stable_prefix.addons.request_body import FLOW_NOTES, client_headers, write_json_body
-from stable_prefix.addons.slot_lanes import SlotLanes, SlotPlan
+from stable_prefix.addons.slot_lanes import SlotLanes, SlotPlan, slot_file
 
 logger = logging.getLogger(__name__)
 
 OPTION = "llama_slots"
+FILES_OPTION = "llama_slot_files"
 SLOT_ACTION_TIMEOUT_S = 120.0  # a save or restore copies one slot's KV (GBs for a long prompt of a large model)
 
 
@@ -67,18 +68,22 @@ class LlamaSlots:
         self.changed: asyncio.Condition | None = None
         self.held: dict[str, SlotPlan] = {}  # flow id -> its plan, until its answer is over
         self.counts: Counter[str] = Counter()  # pinned, saved, restored, cold, unpinned (a failure)
+        self.base_url: str | None = None  # llama-server's, as the last request went to it
 
     def load(self, loader) -> None:
         loader.add_option(OPTION, int, 0, "llama.cpp's slot count (-np): pin each lane to a slot with id_slot, saving and restoring "
                                           "lanes through its --slot-save-path when there are more lanes than slots. 0: off.")
+        loader.add_option(FILES_OPTION, bool, True, "With llama_slots: move lanes between slots through slot files. Off for models "
+                                                    "whose restored slots llama.cpp prefills again (sliding-window, recurrent): lanes "
+                                                    "are then pinned only, and llama.cpp's RAM cache moves them.")
 
     def configure(self, updated) -> None:
-        if OPTION not in updated:
+        if OPTION not in updated and FILES_OPTION not in updated:
             return
         count = getattr(ctx.options, OPTION)
         if count < 0:
             raise exceptions.OptionsError(f"{OPTION}={count}: a number of slots (0: off)")
-        self.slots = SlotLanes(count) if count else None
+        self.slots = SlotLanes(count, getattr(ctx.options, FILES_OPTION)) if count else None
 
     async def request(self, flow: http.HTTPFlow) -> None:
         notes = flow.metadata.get(FLOW_NOTES)
@@ -91,7 +96,7 @@ class LlamaSlots:
             while (plan := self.slots.plan(lane)) is None:
                 await self.changed.wait()
         self.held[flow.id] = plan
-        base_url = f"{flow.request.scheme}://{flow.request.host}:{flow.request.port}"
+        self.base_url = base_url = f"{flow.request.scheme}://{flow.request.host}:{flow.request.port}"
         try:
             moved = await self._move(base_url, plan)
         except SlotActionFailed as error:
@@ -150,6 +155,16 @@ class LlamaSlots:
             self.changed.notify_all()
 
     def done(self) -> None:
+        """The proxy stops (`up` stops it before the server): each lane still in a slot is saved, so that a stack
+        started again finds every lane warm, not only those that had been moved out."""
+        if self.slots is not None and self.slots.files and self.base_url:
+            for slot, lane in enumerate(self.slots.owner):
+                if lane is not None and not self.slots.busy[slot]:
+                    try:
+                        slot_action(self.base_url, slot, "save", slot_file(lane))
+                        self.counts["saved"] += 1
+                    except SlotActionFailed as error:
+                        logger.warning(f"{OPTION}: lane {lane} not saved as the proxy stops: {error}")
         if self.counts:
             logger.info(f"{OPTION}: " + ", ".join(f"{name} {count}" for name, count in sorted(self.counts.items())))
 

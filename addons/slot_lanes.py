@@ -13,6 +13,10 @@ One request at a time per slot: a slot taken for a request is busy until its ans
 restore is only planned on an idle slot, so neither ever interleaves with a request on it. `plan()` returns None
 when the lane must wait (its slot, or every slot, is busy); the addon waits for `release()` and asks again.
 
+Without files (`files=False`: a sliding-window or recurrent model, whose restored slot llama.cpp prefills again), lanes
+are only pinned: a lane without a slot takes the least recently used one, and llama-server's own RAM cache moves the
+prompts (it keeps their checkpoints).
+
 Plain bookkeeping, no I/O: `addons/llama_slots.py` does the HTTP calls and tells it what failed.
 """
 
@@ -51,9 +55,10 @@ class SlotPlan:
 
 
 class SlotLanes:
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, files: bool = True) -> None:
         if slots <= 0:
             raise ValueError(f"{slots} slots: llama-server has at least one")
+        self.files = files
         self.owner: list[str | None] = [None] * slots  # the lane whose KV a slot holds (None: none, or not known)
         self.busy: list[bool] = [False] * slots
         self.last_use: list[int] = [-1] * slots  # when its last request ended (-1: never), as llama-server's t_last_used
@@ -78,6 +83,8 @@ class SlotLanes:
         # shares too little with every slot, which is all it has on /v1/messages (where it drops id_slot).
         slot = min(idle, key=lambda slot: (self.last_use[slot], -slot))
         previous = self.owner[slot]
+        if not self.files:
+            return self._take(SlotPlan(lane, slot))
         save = (previous, slot_file(previous)) if previous is not None else None
         head, restore, may_be_missing = None, self.saved.get(lane), False
         if restore is None and lane not in self.seen:

@@ -226,8 +226,9 @@ def check_ports(ports: dict[str, int]) -> None:
 
 def proxy_command(options: StackOptions, engine_url: str, session_dir: Path) -> list[str]:
     settings: dict[str, object] = {"upstream_model": options.model_name, "max_tokens_cap": options.max_tokens}
-    if not options.upstream:
-        settings.update(SERVERS[options.server].proxy_settings(options))
+    if not options.upstream:  # the server's settings, but the user's `--set` of the same name: mitmdump refuses a name set twice
+        user_set = {option.split("=", 1)[0] for option in options.proxy_options}
+        settings.update({name: value for name, value in SERVERS[options.server].proxy_settings(options).items() if name not in user_set})
     if options.capture:
         settings.update(capture_dir=session_dir.parent, capture_session=session_dir.name)
     if options.web:

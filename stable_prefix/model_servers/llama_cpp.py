@@ -17,6 +17,7 @@ import hashlib
 import os
 import shutil
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from stable_prefix.model_servers.server import LaneSetting, ModelServer
@@ -45,7 +46,8 @@ LANE_SETTINGS = (
     LaneSetting(f"--cache-ram {CACHE_RAM_MIB}", "a prompt evicted from a slot waits in host memory and is loaded back when its prompt "
                                                "returns: the net under what the proxy does not move itself (another client's requests)"),
     LaneSetting("--slot-save-path DIR", "where the proxy saves a lane's slot before another lane takes it, and restores it from "
-                                        "(POST /slots/ID?action=save|restore): lanes outlive the slot count and a restart"),
+                                        "(POST /slots/ID?action=save|restore): lanes outlive the slot count and a restart; not on "
+                                        "sliding-window or recurrent models, whose restored slots llama.cpp prefills again"),
     LaneSetting("--metrics", "its own counters on /metrics (prompt tokens processed, per request in `timings`)"),
     LaneSetting("--jinja", "the model's own chat template, with tools: Claude Code's tool calls on /v1/messages need it"),
 )
@@ -68,8 +70,8 @@ _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
-def gguf_context(path: Path) -> tuple[str, int | None]:
-    """(architecture, training context) from a GGUF file's metadata, read up to the two keys (never the tensors)."""
+def gguf_metadata(path: Path) -> dict[str, object]:
+    """A GGUF file's metadata, its arrays left out (skipped, not read: the tokenizer's are large), never its tensors."""
     with path.open("rb") as file:
         def read(fmt: str):
             size = struct.calcsize("<" + fmt)
@@ -86,7 +88,7 @@ def gguf_context(path: Path) -> tuple[str, int | None]:
                 return string()
             if kind == _GGUF_ARRAY:
                 item_kind, count = read("I"), read("Q")
-                if item_kind in _GGUF_SCALARS:  # skipped, not read: the tokenizer's arrays are large
+                if item_kind in _GGUF_SCALARS:
                     file.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item_kind]), os.SEEK_CUR)
                 else:
                     for _ in range(count):
@@ -100,19 +102,31 @@ def gguf_context(path: Path) -> tuple[str, int | None]:
             raise GgufError(f"{path}: not a GGUF file (llama-server loads GGUF models)")
         read("I")  # version
         read("Q")  # tensors
-        architecture, lengths = None, {}
+        metadata = {}
         for _ in range(read("Q")):
             key = string()
-            item = value(read("I"))
-            if key == "general.architecture":
-                architecture = item
-            elif key.endswith(".context_length"):
-                lengths[key] = item
-            if architecture and f"{architecture}.context_length" in lengths:
-                break
-    if not architecture:
+            metadata[key] = value(read("I"))
+    if not isinstance(metadata.get("general.architecture"), str):
         raise GgufError(f"{path}: no general.architecture in its metadata")
-    return architecture, lengths.get(f"{architecture}.context_length")
+    return metadata
+
+
+@dataclass(frozen=True)
+class GgufModel:
+    architecture: str
+    trained_context: int | None  # `<arch>.context_length`
+    # Whether a slot restored from a file is reused: not where a layer keeps a window or a recurrent state (sliding-
+    # window attention, SSM layers), whose checkpoints a restore loses (llama.cpp #25913, #28194): such a slot is
+    # prefilled again from its first token (measured with Gemma 3 270M: 0 of 291 restored tokens reused).
+    restored_slots_reused: bool
+
+    @classmethod
+    def read(cls, path: Path) -> GgufModel:
+        metadata = gguf_metadata(path)
+        architecture = metadata["general.architecture"]
+        windowed = f"{architecture}.attention.sliding_window" in metadata
+        recurrent = any(key.startswith(f"{architecture}.ssm.") for key in metadata)
+        return cls(architecture, metadata.get(f"{architecture}.context_length"), not (windowed or recurrent))
 
 
 def check_model(model: str) -> str | None:
@@ -120,7 +134,7 @@ def check_model(model: str) -> str | None:
     if not path.is_file():
         return f"{model}: no such file (llama-server loads a GGUF file, e.g. build/gemma3-270m/gemma-3-270m-q4_k_m.gguf)"
     try:
-        gguf_context(path)
+        GgufModel.read(path)
     except (GgufError, OSError) as error:
         return str(error)
     return None
@@ -137,16 +151,22 @@ def slot_save_dir(model: Path) -> Path:
 
 def server_command(options, port: int) -> list[str]:
     model = Path(options.model).expanduser()
-    architecture, trained_context = gguf_context(model)
+    gguf = GgufModel.read(model)
     save_dir = slot_save_dir(model)
     save_dir.mkdir(parents=True, exist_ok=True)
     command = [llama_server_binary(), "--model", str(model), "--host", LOOPBACK, "--port", str(port), "--alias", options.model_name,
                "--parallel", str(options.slots), "--kv-unified", "--kv-unified-per-slot", str(options.slot_context),
                "--no-cache-idle-slots", "--slot-prompt-similarity", str(SLOT_PROMPT_SIMILARITY), "--cache-prompt", "--cache-ram", str(CACHE_RAM_MIB), "--slot-save-path", str(save_dir),
                "--metrics", "--jinja"]
-    if trained_context is not None and options.slot_context > trained_context:
-        command += ["--override-kv", f"{architecture}.context_length=int:{options.slot_context}"]
+    if gguf.trained_context is not None and options.slot_context > gguf.trained_context:
+        command += ["--override-kv", f"{gguf.architecture}.context_length=int:{options.slot_context}"]
     return command + list(options.engine_args)
+
+
+def proxy_settings(options) -> dict[str, object]:
+    """Lanes pinned to the slots; moved through slot files only where a restored slot is reused (else llama.cpp's
+    RAM cache moves them: it keeps a sliding window's checkpoints)."""
+    return {"llama_slots": options.slots, "llama_slot_files": GgufModel.read(Path(options.model).expanduser()).restored_slots_reused}
 
 
 SERVER = ModelServer(
@@ -158,6 +178,6 @@ SERVER = ModelServer(
     reserved_flags=("--host", "--port", "--model", "-m", "--alias", "-a", "--parallel", "-np", "--kv-unified", "-kvu", "--no-kv-unified",
                     "-no-kvu", "--kv-unified-per-slot", "--slot-save-path", "--cache-idle-slots", "--no-cache-idle-slots",
                     "--slot-prompt-similarity", "-sps"),
-    proxy_settings=lambda options: {"llama_slots": options.slots},
+    proxy_settings=proxy_settings,
     check_model=check_model,
 )

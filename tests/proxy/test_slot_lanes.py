@@ -106,3 +106,10 @@ def test_slot_file_names_are_what_llama_server_accepts_and_differ_per_lane():
 def test_no_slots_is_an_error():
     with pytest.raises(ValueError):
         SlotLanes(0)
+
+
+def test_without_files_lanes_are_pinned_and_nothing_is_saved_or_restored():
+    slots = SlotLanes(2, files=False)
+    plans = [run(slots, lane) for lane in (MAIN, EXPLORE_A, TITLE, MAIN, EXPLORE_B)]
+    assert [plan.slot for plan in plans] == [1, 0, 1, 0, 1]
+    assert all(plan.save is None and plan.head is None and plan.restore is None for plan in plans)
