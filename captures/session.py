@@ -158,8 +158,10 @@ def record_files(folder: Path) -> list[Path]:
 
 class SessionReader:
     """A session folder read as it grows. Records appear in number order but for concurrent requests, which
-    may finish out of order: a record numbered before one already read makes the next call read it all again,
-    so every lane stays in order. Safe to call from several threads."""
+    may finish out of order; only a lane's own order matters (its bars, its diffs), and concurrent requests are
+    nearly always of different lanes (a fan-out's instances). So a late record is placed where it is, and
+    only one numbered before its own lane's last makes the call read the folder again, in order. Safe to call
+    from several threads."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -169,40 +171,47 @@ class SessionReader:
     def _start(self) -> None:
         self.session = Session(self.folder)
         self.read_names: set[str] = set()
-        self.last_number = 0
+        self.last_in_lane: dict[str, int] = {}  # per lane: the number of its last record read
         self.reading = pairs.BackendReading()
         self.previous_body: dict[str, tuple[Path, dict | None]] = {}  # per lane: its last request and the body the backend saw
 
     def read(self) -> Session:
         with self._lock:
-            files = [path for path in record_files(self.folder) if path.name not in self.read_names] if self.folder.is_dir() else []
-            if files and record_number(files[0]) < self.last_number:
-                self._start()
-                files = record_files(self.folder)
-            for path in files:
-                self.read_names.add(path.name)
-                self.last_number = max(self.last_number, record_number(path))
-                self._add(path)
+            if not self.folder.is_dir():
+                return self.session
+            for path in [path for path in record_files(self.folder) if path.name not in self.read_names]:
+                if not self._add(path):
+                    self._start()
+                    for every in record_files(self.folder):
+                        self._add(every)
+                    break
             return self.session
 
-    def _add(self, path: Path) -> None:
+    def _add(self, path: Path) -> bool:
+        """Read one record into its lane; False, reading nothing, when its lane already holds a later one."""
         try:
             document = json.loads(path.read_bytes())
         except (OSError, ValueError) as error:
+            self.read_names.add(path.name)
             self.session.skipped.append(f"{path.name}: unreadable ({error})")
-            return
+            return True
+        lane, number = str((document.get("lane") if isinstance(document, dict) else None) or "unknown"), record_number(path)
+        if number < self.last_in_lane.get(lane, 0):
+            return False
+        self.read_names.add(path.name)
         if not isinstance(document, dict) or document.get("format") != RECORD_FORMAT:
             self.session.skipped.append(f"{path.name}: not a capture record")
-            return
+            return True
+        self.last_in_lane[lane] = number
         try:
             body = self.reading.bodies(parse(path, document))[0]
         except InputError:
             body = None  # a body that was not JSON: drawn from its usage, with no diff to give
-        lane = str(document.get("lane") or "unknown")
         bars = self.session.lanes.setdefault(lane, [])
         previous = self.previous_body.get(lane)
         self.previous_body[lane] = (path, body)
         bars.append(request_bar(path, document, lane, first_in_lane=not bars, broke=lane_break(document, previous, body)))
+        return True
 
 
 def request_bar(path: Path, record: dict, lane: str, *, first_in_lane: bool, broke: Break | None) -> RequestBar:

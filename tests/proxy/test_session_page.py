@@ -159,6 +159,21 @@ def test_a_record_that_lands_after_a_later_one_makes_the_reader_start_again_in_o
     assert [bar.seq for bar in reader.read().lanes["main"]] == [1, 3, 5, 7, 8, 9, 10, 11]
 
 
+def test_a_late_record_behind_other_lanes_only_is_placed_without_reading_the_folder_again(folder, tmp_path):
+    copy = tmp_path / "s"
+    shutil.copytree(folder, copy)
+    late = copy / "0006-sub-d0881b.json"  # as if it finished after the main lane's #7 to #11
+    held = late.rename(tmp_path / late.name)
+    reader = SessionReader(copy)
+    first = reader.read()
+    assert [bar.seq for bar in first.lanes["sub:d0881b"]] == [2, 4]
+    held.rename(late)
+    again = reader.read()
+    assert again is first  # not read again from the start
+    assert [bar.seq for bar in again.lanes["sub:d0881b"]] == [2, 4, 6]
+    assert [bar.seq for bar in again.requests] == list(range(1, 12))
+
+
 def test_files_that_are_not_records_are_named_and_skipped(folder, tmp_path):
     copy = tmp_path / "s"
     shutil.copytree(folder, copy)
