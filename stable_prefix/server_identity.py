@@ -13,8 +13,9 @@ wins (llama.cpp before Ollama: some servers imitate another's paths, never its o
 is guessed at: it is "unknown", and the proxy runs before it as before (nothing server-specific switched on). Probes are
 plain GETs without credentials: a server that wants a key for them is unknown too.
 
-What the proxy switches on before a server found is that server's record's (`model_servers/`, as `up --server` starts
-it): before llama.cpp, its slot lanes (addons/llama_slots.py) over the slots it reported.
+What the proxy switches on before a server found here is what can be known from outside it: before llama.cpp, its
+slot lanes (addons/llama_slots.py) pinned to the slots it reports. A server `up --server` starts is set up by its
+record instead (`model_servers/`), from the flags it was started with.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib import error, request
 
-from stable_prefix.model_servers import SERVERS
+from stable_prefix.addons.llama_slots import FILES_OPTION as LLAMA_SLOT_FILES
+from stable_prefix.addons.llama_slots import OPTION as LLAMA_SLOTS
 
 if TYPE_CHECKING:  # the launcher's options, read here, never the other way round
     from stable_prefix.stack import StackOptions
@@ -176,12 +178,19 @@ def identify(base_url: str, timeout: float = PROBE_TIMEOUT_S) -> ServerIdentity:
     return UNKNOWN
 
 
+
+def proxy_settings_before(identity: ServerIdentity) -> dict[str, object]:
+    """The proxy options for the server found. llama.cpp: a lane per slot it reports, pinned with `id_slot`; lanes
+    are not moved through slot files (`/props` does not say whether it has a --slot-save-path, and a save without
+    one fails), so its own RAM cache moves them: `--set llama_slot_files=true` where it has one."""
+    if identity.name == "llama.cpp" and identity.slots:
+        return {LLAMA_SLOTS: identity.slots, LLAMA_SLOT_FILES: False}
+    return {}
+
+
 def with_proxy_settings_for(identity: ServerIdentity, options: StackOptions) -> StackOptions:
-    """`options` with the proxy settings the found server's record asks for (llama.cpp: `llama_slots` = its slot
-    count) before the team options and the user's `--set`, which come later and win."""
-    server = SERVERS.get(identity.name)
-    if server is None:
-        return options
-    settings = server.proxy_settings(replace(options, **({"slots": identity.slots} if identity.slots else {})))
+    """`options` with `proxy_settings_before(identity)` ahead of the team options and the user's `--set`, which come
+    later and win."""
+    settings = proxy_settings_before(identity)
     ours = tuple(f"{name}={str(value).lower() if isinstance(value, bool) else value}" for name, value in settings.items())
     return replace(options, proxy_options=(*ours, *options.proxy_options))

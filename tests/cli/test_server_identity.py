@@ -58,12 +58,12 @@ def test_a_server_that_accepts_and_never_answers_is_unknown_after_the_timeout():
         assert identify(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=0.5) == UNKNOWN
 
 
-def test_before_llama_cpp_the_proxy_pins_lanes_to_the_slots_it_reported_and_the_users_set_still_wins():
+def test_before_llama_cpp_the_proxy_pins_lanes_to_the_slots_it_reported_without_slot_files_and_the_users_set_still_wins():
     options = stack.parse_options(["--upstream", "http://127.0.0.1:9", "m", "--set", "llama_slots=0"])
     with standin("llama.cpp") as url:
         told = with_proxy_settings_for(identify(url), options)
-    assert told.proxy_options[0] == "llama_slots=4" and told.proxy_options[-1] == "llama_slots=0"
-    assert told.proxy_options[1:] == options.proxy_options
+    assert told.proxy_options[:2] == ("llama_slots=4", "llama_slot_files=false") and told.proxy_options[-1] == "llama_slots=0"
+    assert told.proxy_options[2:] == options.proxy_options
 
 
 @pytest.mark.parametrize("standin_of", ["unknown", "ollama", "vllm-mlx-patched"])
