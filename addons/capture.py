@@ -44,7 +44,7 @@ from mitmproxy.utils import human
 
 from stable_prefix.addons import exposure
 from stable_prefix.addons.capture_budget import AGE_OPTION, BYTES_OPTION, Budget, enforce
-from stable_prefix.addons.capture_folder import claim_new_session, last_record_number, write_record
+from stable_prefix.addons.capture_folder import claim_new_session, last_record_number, record_file_name, write_private, write_record
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadableJson, api_of, client_headers, parse_json, utf8_json
 from stable_prefix.addons.response_chains import ResponseChains
@@ -63,6 +63,9 @@ AGE_CHECK_INTERVAL_S = 3600.0
 REDACTED = "[redacted]"
 SECRET_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization", "cookie", "set-cookie", "anthropic-api-key"})
 CAPTURE_NOTES = "capture"
+COMPLETED_NOTES = "completed_by_proxy"  # stream_recovery's note of a broken-off stream it completed (its hook, stream_recovered)
+# Streams cut by the upstream whose record may yet say the proxy completed them (stream_recovery's hook): the latest ones.
+CUT_STREAMS_KEPT = 64
 
 
 def redacted_headers(headers: http.Headers) -> dict[str, str]:
@@ -183,6 +186,7 @@ class Capture:
         self.pruning: threading.Thread | None = None
         # Kept here, not in flow.metadata, which must stay serializable (`mitmdump -w`).
         self.observers: dict[str, UsageObserver] = {}
+        self.cut_streams: dict[str, UsageObserver] = {}  # by flow id: streams cut, still observed while the proxy completes them
         self.diagnosis = PrefixDiagnosis()  # used only when strip_billing is not loaded
         self.chains = ResponseChains()  # likewise: Responses histories behind previous_response_id
 
@@ -241,6 +245,30 @@ class Capture:
     def error(self, flow: http.HTTPFlow) -> None:
         self._write(flow)
 
+    def stream_recovered(self, flow: http.HTTPFlow) -> None:
+        """stream_recovery completed this flow's stream after the upstream cut it, when its record (written at the cut)
+        showed the cut: the record now says the answer came whole, with its usage, and how it was completed."""
+        notes, observer = flow.metadata.get(CAPTURE_NOTES) or {}, self.cut_streams.pop(flow.id, None)
+        completed = flow.metadata.get(COMPLETED_NOTES)
+        if not notes.get("record_path") or observer is None or not isinstance(completed, dict):
+            return
+        path = Path(notes["record_path"])
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            response = {**record["response"], **response_summary(flow, observer), "total_s": _seconds(flow.request.timestamp_start, time.time())}
+            response.pop("error", None)  # the cut, now under completed_by_proxy
+            response["completed_by_proxy"] = {**completed, "cut": flow.error.msg if flow.error else completed.get("cut")}
+            write_private(path, encode_record({**record, "response": response}).decode("utf-8"))
+        except (OSError, ValueError, KeyError) as error:
+            logger.error(f"capture: {path} still shows the cut of a stream the proxy completed ({error})")
+
+    def _keep_cut(self, flow_id: str, observer: UsageObserver) -> None:
+        # What its parser holds is half an event the upstream never finished; what comes next (spliced) starts whole.
+        observer.events.parser.finish()
+        self.cut_streams[flow_id] = observer
+        while len(self.cut_streams) > CUT_STREAMS_KEPT:
+            del self.cut_streams[next(iter(self.cut_streams))]
+
     def done(self) -> None:
         if self.written:
             logger.info(f"capture: {self.written} request(s) written to {self.session_dir}")
@@ -284,6 +312,7 @@ class Capture:
         except (OSError, ValueError, RecursionError) as error:
             logger.error(f"capture: request #{notes['seq']} was not recorded in {self.session_dir} ({error}); the request itself was not affected")
             return
+        notes["record_path"] = str(self.session_dir / record_file_name(seq, record["lane"]))
         self.seq = max(self.seq, seq)
         if self.written == 0:
             logger.info(f"capture: writing to {self.session_dir}")
@@ -298,7 +327,10 @@ class Capture:
         forwarded_key, forwarded_body = json_or_text(forwarded_content)
         api = api_of(flow.request)
         lane, diagnosis = stripped.get("lane"), stripped.get("diagnosis")
-        summary = response_summary(flow, self.observers.pop(flow.id, None))
+        observer = self.observers.pop(flow.id, None)
+        summary = response_summary(flow, observer)
+        if flow.error is not None and observer is not None:
+            self._keep_cut(flow.id, observer)
         if lane is None and isinstance(client_body, dict) and isinstance(forwarded_body, dict):
             resolve = self.chains.resolved if api == "responses" else (lambda body: body)
             result = self.diagnosis.observe(PromptSnapshot.of(resolve(client_body), api, client_headers(flow)), resolve(forwarded_body))

@@ -95,6 +95,8 @@ COUNT_ANSWER_BYTES = 1 << 20
 RECOVERED_NOTE = "completed a stream the engine broke off"
 STALE_AFTER_S = 60.0
 STALL_OPTION = "stall_timeout"
+# flow.metadata key of how the proxy completed a broken-off stream (mitmproxy hooks take one argument).
+COMPLETED_NOTES = "completed_by_proxy"
 # A team's value (`stable-prefix up --upstream`): above the longest silent prefill a replica makes (minutes for a cold 100K tokens).
 TEAM_STALL_TIMEOUT_S = 300
 # With stall_timeout off, a recovery's read still waits no longer than mitmproxy itself lets a connection idle (tcp_timeout's default).
@@ -506,6 +508,14 @@ class StreamRecoveryStepHook(commands.StartHook):
 
 
 @dataclass
+class StreamRecoveredHook(commands.StartHook):
+    """The proxy completed the flow's broken-off stream (after its `error` hook); how is in `flow.metadata[COMPLETED_NOTES]`
+    (how, requests, seconds, the cut, the bytes of an unfinished event dropped). `capture.py` rewrites the flow's record."""
+
+    flow: http.HTTPFlow
+
+
+@dataclass
 class Counts:
     completed: dict[str, int] = field(default_factory=dict)  # by how: replay, continuation, replay then continuation
     not_completed: dict[str, int] = field(default_factory=dict)  # by why
@@ -569,6 +579,10 @@ def _recover(server: Http1Server, event: ResponseProtocolError, followed: Follow
             # Said before the body's end goes out: whoever reads the whole answer finds the line written.
             logger.warning(f"{where}: {note} ({sum(COUNTS.completed.values())} completed since the proxy started)")
             _comment(followed, note)
+            if (flow := followed.flow()) is not None:  # its record says so (capture.py), before the end goes out too
+                flow.metadata[COMPLETED_NOTES] = {"how": how, "requests": len(recovery.attempts), "seconds": round(time.monotonic() - recovery.started, 3),
+                                                  "cut": recovery.reason, "dropped_bytes": recovery.dropped_bytes}
+                yield StreamRecoveredHook(flow)
             yield from send(server, ResponseEndOfMessage(server.stream_id))
             return
         if outcome.failed:

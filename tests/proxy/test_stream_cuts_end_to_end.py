@@ -9,6 +9,7 @@ of the same recovery, without processes, is `test_stream_cuts_every_byte.py`.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 
 import openai
@@ -53,3 +54,22 @@ def test_a_replica_dying_inside_an_event_leaves_the_openai_sdk_one_whole_complet
     assert content == uncut.content and arguments == uncut.calls[0][2]
     assert {chunk.id for chunk in chunks} == {"chatcmpl-dying"} and chunks[-1].usage.total_tokens == uncut.usage["total_tokens"]
     assert RECOVERED_NOTE in log and "bytes of an unfinished event dropped" in log
+
+
+@pytest.mark.server
+def test_the_capture_record_of_a_stream_the_proxy_completed_says_so(replicas, tmp_path):
+    captures = tmp_path / "captures"
+    with failover_relay(replicas) as relay:
+        port = free_port()
+        options = {"upstream_model": "tiny", "capture_dir": captures, "capture_session": "cut"}
+        command = mitmdump_command(["addons/strip_billing.py", "addons/capture.py"], relay.url, port, options)
+        with running("proxy", command, port=port, log_dir=tmp_path) as proxy:
+            client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-test", max_retries=0)
+            list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Read the file."}], max_tokens=100,
+                                                stream=True, stream_options={"include_usage": True},
+                                                extra_headers={"x-test-cut-at-byte": str(CUTS["inside-a-character"])}))
+    (record,) = [json.loads(path.read_text()) for path in (captures / "cut").glob("*.json")]
+    response = record["response"]
+    assert "error" not in response and response["status"] == 200
+    assert response["completed_by_proxy"]["how"] == "replay" and "peer closed connection" in response["completed_by_proxy"]["cut"]
+    assert response["usage"] == answer_of_chat(UNCUT).usage
