@@ -7,8 +7,10 @@ except the first `Cut.streams` streamed answers (server-sent events on an API
 path): those are broken off as a killed replica breaks them, the connection
 closed with no end of the chunked body, once `Cut.after_content_events`
 events carrying output (`sse_events.carries_output`) have passed (0: before
-the first one, after the opening events). Closing the engine's side too makes
-it stop the request, as a client gone does.
+the first one, after the opening events), and with `Cut.inside_event_bytes`
+the first bytes of the next one too, as a replica losing power or its
+network cuts: inside an event, maybe inside a character. Closing the engine's
+side too makes it stop the request, as a client gone does.
 
 What arrives is recorded (`RelayedRequest`): path, whether it asked for a
 stream, the sampling it asked for, whether it was cut, its status. A client
@@ -46,6 +48,7 @@ class Cut:
     streams: int = 1  # how many streamed answers are cut, the first ones
     # Only answers to requests at least this large: an agent's turn, not the title request it may send first.
     min_request_bytes: int = 0
+    inside_event_bytes: int = 0  # bytes of the next output event written before the cut (0: the cut falls between events)
 
 
 @dataclass
@@ -173,7 +176,7 @@ def _handler(relay: CutRelay) -> type[BaseHTTPRequestHandler]:
                     output = carries_output(event.json())
                     if cut and output and record.content_events >= relay.cut.after_content_events:
                         record.cut = True
-                        self.break_off()
+                        self.break_off(event.raw[: min(relay.cut.inside_event_bytes, len(event.raw) - 1)])
                         return
                     record.content_events += output
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(event.raw), event.raw))
@@ -184,9 +187,11 @@ def _handler(relay: CutRelay) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
-        def break_off(self) -> None:
-            """As a killed replica: the connection closed, the chunked body never ended."""
+        def break_off(self, last: bytes = b"") -> None:
+            """As a killed replica: `last` (the part of an event that left before), the connection closed, the chunked body never ended."""
             with contextlib.suppress(OSError):
+                if last:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(last), last))
                 self.wfile.flush()
                 self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True

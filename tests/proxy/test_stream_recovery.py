@@ -73,11 +73,12 @@ def chunks_of(answer) -> list[dict]:
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("after", [MID_REPLY, 0], ids=["mid-reply", "before-the-first-output"])
-def test_a_greedy_answer_cut_by_the_engine_reaches_the_client_whole_and_equal_to_the_uncut_one(replica, tmp_path, after):
+@pytest.mark.parametrize(("after", "inside_event_bytes"), [(MID_REPLY, 0), (0, 0), (MID_REPLY, 40)],
+                         ids=["mid-reply", "before-the-first-output", "inside-an-event"])
+def test_a_greedy_answer_cut_by_the_engine_reaches_the_client_whole_and_equal_to_the_uncut_one(replica, tmp_path, after, inside_event_bytes):
     request = body(f"Tell the story of parser number {after}.")
     uncut = send(replica.url, CHAT, request)
-    with proxy_before_cuts(replica, tmp_path, Cut(after)) as (proxy, relay):
+    with proxy_before_cuts(replica, tmp_path, Cut(after, inside_event_bytes=inside_event_bytes)) as (proxy, relay):
         spliced = send(proxy.url, CHAT, request)
         log = proxy.log_text()
     assert [r.cut for r in relay.api_requests()] == [True, False], "the first answer was cut, the replay was not"
@@ -89,6 +90,7 @@ def test_a_greedy_answer_cut_by_the_engine_reaches_the_client_whole_and_equal_to
     assert spliced.events[-1]["choices"] == [] and spliced.usage["completion_tokens"] == uncut.usage["completion_tokens"]
     assert spliced.usage["prompt_tokens"] == uncut.usage["prompt_tokens"]
     assert RECOVERED_NOTE in log and "(replay)" in log and "Traceback" not in log
+    assert ("40 bytes of an unfinished event dropped" in log) == bool(inside_event_bytes)
 
 
 @pytest.mark.server
