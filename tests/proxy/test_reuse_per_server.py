@@ -1,7 +1,7 @@
 """Reuse read from each server's own figures: a response in llama.cpp's, vLLM's and the Anthropic shape goes through
 the capture addon, and the live line and `stable-prefix report` show what that server said it reused, or `?` when it
 said nothing. The bodies are written by us in each server's shape (llama.cpp b11434's tools/server/server-task.cpp;
-vLLM's OpenAI usage with and without `--enable-prompt-tokens-details`)."""
+vLLM 0.32's usage with and without `--enable-prompt-tokens-details`, as it answered here)."""
 
 import json
 
@@ -65,6 +65,15 @@ VLLM_CHAT_JSON_NO_DETAILS = {"object": "chat.completion", "id": "chatcmpl-2", "m
                              "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}],
                              "usage": {"prompt_tokens": 900, "total_tokens": 902, "completion_tokens": 2, "prompt_tokens_details": None}}
 VLLM_CHAT_JSON_DETAILS = {**VLLM_CHAT_JSON_NO_DETAILS, "usage": OPENAI_USAGE}
+# vLLM 0.32's /v1/messages streamed (with the details flag): `message_start` counts the whole prompt as input, the
+# `message_delta` at the end splits it into the part prefilled and the part read from its cache.
+VLLM_MESSAGES_STREAM = sse(
+    {"type": "message_start", "message": {"id": "m3", "type": "message", "role": "assistant", "content": [], "model": "m",
+                                          "usage": {"input_tokens": 900, "output_tokens": 0}}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+    {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+     "usage": {"input_tokens": 20, "output_tokens": 2, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 880}},
+    {"type": "message_stop"}, named=True)
 ANTHROPIC_JSON_NO_CACHE_FIELD = {"id": "m2", "type": "message", "role": "assistant", "model": "m", "content": [{"type": "text", "text": "Hi"}],
                                  "stop_reason": "end_turn", "usage": {"input_tokens": 900, "output_tokens": 2}}
 
@@ -110,8 +119,9 @@ def figures_of(line: str) -> str:
     ("/v1/messages", {"streamed": LLAMA_MESSAGES_STREAM}),
     ("/v1/responses", {"streamed": LLAMA_RESPONSES_STREAM}),
     ("/v1/chat/completions", {"body": VLLM_CHAT_JSON_DETAILS}),
+    ("/v1/messages", {"streamed": VLLM_MESSAGES_STREAM}),
 ], ids=["llama.cpp chat streamed, timings only", "llama.cpp chat streamed with its usage chunk", "llama.cpp chat", "llama.cpp messages streamed",
-        "llama.cpp responses streamed", "vLLM with prompt-token details"])
+        "llama.cpp responses streamed", "vLLM with prompt-token details", "vLLM messages streamed, split at the end"])
 def test_the_live_line_shows_what_the_server_said_it_reused(capture, tmp_path, path, answer):
     record = recorded(capture, tmp_path, path, **answer)
     assert figures_of(live_line(record)) == "900 prompt tok · 880 reused"

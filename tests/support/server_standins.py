@@ -25,9 +25,11 @@ IDENTITY_ANSWERS: dict[str, dict[str, tuple[int, str, str]]] = {
                                           "build_info": "b11434-0a1b2c3", "is_sleeping": False, "endpoint_slots": True})),
         "/health": (200, JSON, '{"status":"ok"}'),
     },
-    # vLLM's OpenAI server: /version, Prometheus /metrics with `vllm:` series, an empty /health.
+    # vLLM's OpenAI server: /version, Prometheus /metrics with `vllm:` series, an empty /health, and in its dev mode a
+    # /server_info of its own (not SGLang's).
     "vllm": {
         "/version": (200, JSON, '{"version":"0.32.0"}'),
+        "/server_info": (200, JSON, json.dumps({"vllm_config": "model='standin-model', ...", "vllm_env": {}, "system_env": {}})),
         "/metrics": (200, "text/plain; version=0.0.4", "# HELP vllm:prefix_cache_queries_total Prefix cache queries.\n"
                                                        "# TYPE vllm:prefix_cache_queries_total counter\n"
                                                        f'vllm:prefix_cache_queries_total{{model_name="{MODEL}"}} 0.0\n'),
