@@ -35,8 +35,18 @@ row) ends as its agent sends it again after (`lanes.Agent.resends_after_error_ev
 the error event `engine_errors.py` writes, or, for Qwen Code and Pi, which lose
 the turn to that event and send the request again only after a silent cut, a
 silent cut. A stream with more than one choice or an error in it is not
-followed. Anthropic and Responses streams are not completed here: Claude Code
+completed. Anthropic and Responses streams are not completed here: Claude Code
 and Codex send the request again themselves.
+
+Every streamed answer on an API path, whatever its protocol and mode, goes to
+the client in whole events only: an upstream dies anywhere, inside an event or
+a character, and the half it sent is never the client's; at the cut it is
+dropped, so a spliced answer or the error event goes on after a whole event.
+
+A replica can also freeze (a Mac asleep, a network partition): the connection
+stays open and nothing comes. With `stall_timeout` set, an answer in flight
+that gets no byte for that long has its upstream connection closed, which
+makes it a cut like any other; a recovery's own reads wait no longer either.
 
 The seam: mitmproxy has no hook for a broken-off stream, only the `error`
 hook after the fact, and the client's side is written by its HTTP/1 server
@@ -47,7 +57,8 @@ blocking hook of its own (`StreamRecoveryStepHook`, answered by
 `StreamRecovery.stream_recovery_step`, async: only this client's connection
 waits, every other flow goes on), and writes each spliced event through the
 flow's stream callables (so `toolcall_stream.py` and `capture.py` see one
-stream), then the end of the body: the connection stays usable. The recovery
+stream), then the end of the body: the connection stays usable; a hook of its
+own (`StreamRecoveredHook`) tells `capture.py` the stream was completed. The recovery
 request is sent by a small HTTP/1.1 client over asyncio (h11, which mitmproxy
 itself uses) to the flow's upstream, with the headers as forwarded (the
 routing key among them).
@@ -418,8 +429,7 @@ class Recovery:
         if continuation:
             prompt_tokens, delivered_tokens = await self._count_tokens()
             body = continuation_request(self.followed.body, delivered, delivered_tokens)
-        usage_wanted = isinstance(options := self.followed.body.get("stream_options"), dict) and options.get("include_usage") is True
-        splice = Splice(delivered, continuation=continuation, original_prompt_tokens=prompt_tokens, usage_wanted=usage_wanted)
+        splice = Splice(delivered, continuation=continuation, original_prompt_tokens=prompt_tokens, usage_wanted=self._usage_wanted())
         attempt = Attempt("continuation" if continuation else "replay", time.monotonic(), splice)
         self.attempts.append(attempt)
         try:
@@ -468,10 +478,13 @@ class Recovery:
             return Outcome(failed=f"{why}, {MAX_ATTEMPTS} times")
         return Outcome()
 
-    def _usage_missing(self) -> bool:
-        """The client asked for the usage chunk and has not had it."""
+    def _usage_wanted(self) -> bool:
+        """The client asked for the usage chunk."""
         options = self.followed.body.get("stream_options")
-        return isinstance(options, dict) and options.get("include_usage") is True and not self.followed.delivered.usage_sent
+        return isinstance(options, dict) and options.get("include_usage") is True
+
+    def _usage_missing(self) -> bool:
+        return self._usage_wanted() and not self.followed.delivered.usage_sent
 
     def _end_after_finish(self) -> Outcome:
         """The client has the whole answer but not the stream's end: it gets the end."""
