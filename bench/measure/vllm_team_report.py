@@ -42,8 +42,9 @@ def write_report(result: dict[str, Any], path: Path) -> None:
         *configurations_table(result),
         "",
         "Failed: answered 400 by vLLM. Straight, the requests after Claude Code's ToolSearch result (a `tool_reference` block) fail: the "
-        "model's chat template takes text only; through the proxy the same requests are answered. Our key puts a session's lanes (its "
-        "subagents and title with its main lane) on one replica: they share its head.",
+        "model's chat template takes text only; through the proxy the same requests are answered. Our key keeps each lane on one replica, a "
+        "subagent type's instances (which share their head) together; lanes whose prompts share nothing may sit on different replicas at "
+        "no cost. Round robin alternates a lane's requests between the replicas: each prefills what the other holds.",
         "",
     ]
     path.write_text("\n".join(lines))
