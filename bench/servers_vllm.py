@@ -66,7 +66,8 @@ def running_replicas(count: int, log_dir: Path, model: Path = MODEL, env: dict[s
                      flags: Sequence[str] = ()) -> Iterator[list[Server]]:
     """`count` vLLM replicas, started at once (each loads for about a minute on a CPU), stopped on exit."""
     # vLLM's CPU build binds its worker to the first cores it finds: every replica on one machine would share core 0.
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})}
+    # And it sends usage statistics home unless told not to.
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1", **(env or {})}
     with contextlib.ExitStack() as stack:
         starts = []
         for index in range(count):

@@ -41,7 +41,7 @@ def stack(tmp_path_factory):
     command = [str(VENV_BIN / "stable-prefix"), "up", "--server", "vllm", str(model), "--port", str(port), "--engine-port", str(engine_port),
                "--max-tokens", str(MAX_OUTPUT_TOKENS), "--capture-dir", str(root / "captures"), "--", "--kv-cache-memory-bytes", "1G"]
     # The venv as found here: `running` gives `up` a home of its own, where `make vllm`'s default venv is not.
-    env = {"XDG_STATE_HOME": str(root / "state"), vllm.VENV_VARIABLE: str(vllm.vllm_venv())}
+    env = {"XDG_STATE_HOME": str(root / "state"), vllm.VENV_VARIABLE: str(vllm.vllm_venv()), "VLLM_NO_USAGE_STATS": "1"}
     with running("up", command, port=port, log_dir=root, env=env, startup_timeout=STARTUP_TIMEOUT_S,
                  ready=lambda: http_ok(f"http://127.0.0.1:{port}/v1/models")):
         yield VllmStack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", model.name)

@@ -38,7 +38,8 @@ def pool(tmp_path_factory):
     """(replicas, proxy URL, the proxy's log folder)."""
     logs = tmp_path_factory.mktemp("vllm-pool")
     with contextlib.ExitStack() as stack:
-        replicas = stack.enter_context(running_replicas(2, logs, model=require_model(FAILOVER_MODEL)))
+        # A home of their own: vLLM writes its caches and settings under ~.
+        replicas = stack.enter_context(running_replicas(2, logs, model=require_model(FAILOVER_MODEL), env={"HOME": str(logs / "home")}))
         router = stack.enter_context(routers.running_router("vllm-router", [replica.url for replica in replicas], log_dir=logs))
         port = free_port()
         up = [str(VENV_BIN / "stable-prefix"), "up", "--upstream", router.url, "--served-model-name", SERVED_MODEL, "--port", str(port),
