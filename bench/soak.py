@@ -31,13 +31,14 @@ from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
 
+from stable_prefix.addons.lanes import AGENT_ID_HEADER
 from stable_prefix.bench.clients.load import LoadSettings, run_load
 from stable_prefix.bench.clients.load import summary as load_summary
 from stable_prefix.bench.clients.reference_answers import CaptureIndex, ReferenceAnswers, reference_engine, same_answer
 from stable_prefix.bench.clients.stack import cpu_description
 from stable_prefix.bench.clients.stream_client import post_messages
 from stable_prefix.bench.clients.up_stack import SERVED_NAME, StackSettings, start_life
-from stable_prefix.bench.measure.resources import Sample, sample, slopes_once_full
+from stable_prefix.bench.measure.resources import Sample, sample, slope_per_1000, slopes_once_full
 from stable_prefix.bench.measure.soak_report import markdown
 from stable_prefix.bench.workload.soak_requests import session_requests
 from stable_prefix.engine_patch.install import DEFAULT_ENGINE, ENGINES
@@ -80,6 +81,7 @@ class SoakResult:
     checked: int = 0
     mismatched: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    subagent_instances: set[str] = field(default_factory=set)  # each a new lane to the proxy
 
 
 def run_soak(stack: StackSettings, settings: SoakSettings, reference: ReferenceAnswers) -> SoakResult:
@@ -95,6 +97,8 @@ def run_soak(stack: StackSettings, settings: SoakSettings, reference: ReferenceA
                 life = start_life(stack, number=life.number + 1)
                 captures, first_after_restart = CaptureIndex(life.capture_dir), True
             answer = post_messages(life.proxy_url, request.body, request.headers)
+            if request.headers.get(AGENT_ID_HEADER):
+                result.subagent_instances.add(request.headers[AGENT_ID_HEADER])
             usage = answer.usage
             prompt = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0) if usage else None
             result.outcomes.append(Outcome(request.user_id, request.lane, life.number, answer.complete, answer.error, prompt,
@@ -130,9 +134,26 @@ def soak_summary(result: SoakResult, settings: SoakSettings, stack: StackSetting
         "disk_cache_mib_max": round(max(s.disk_cache_bytes or 0 for s in result.samples) / 2**20, 2),
         "slope_per_1000_requests": {name: None if value is None else round(value, 1) for name, value in slopes.items()},
         "first_request_after_each_restart": [{"reused": o.reused_tokens, "prompt": o.prompt_tokens, "lane": o.lane} for o in restarts],
+        "subagent_lanes": len(result.subagent_instances),
+        "proxy_rss_per_life": proxy_rss_per_life(result.samples),
         "compared_with_uncached": result.checked,
         "mismatched": result.mismatched,
     }
+
+
+def proxy_rss_per_life(samples: list[Sample]) -> list[dict]:
+    """The proxy's resident memory in each engine life (`up` starts the proxy again with the engine): its first
+    and last sample and its growth per 1,000 requests over the whole life. Each session of the workload starts
+    new subagent instances, each a new lane to the proxy: a proxy that kept state per lane grew with them."""
+    lives = []
+    for life in sorted({s.life for s in samples}):
+        points = [(s.requests, s.proxy.rss_bytes) for s in samples if s.life == life and s.proxy.rss_bytes]
+        if points:
+            slope = slope_per_1000(points)
+            lives.append({"life": life, "requests": [points[0][0], points[-1][0]], "first_mib": round(points[0][1] / 2**20, 1),
+                          "last_mib": round(points[-1][1] / 2**20, 1),
+                          "per_1000_requests_mib": None if slope is None else round(slope / 2**20, 2)})
+    return lives
 
 
 def update_docs(text: str, page: Path = DOCS_PAGE) -> None:

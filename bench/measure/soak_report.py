@@ -32,6 +32,14 @@ def markdown(run: dict) -> str:
         "First request after each restart (tokens reused / prompt): "
         + (", ".join(f"{r['reused']} / {r['prompt']} ({r['lane']})" for r in soak["first_request_after_each_restart"]) or "none"),
     ]
+    if soak.get("proxy_rss_per_life"):
+        lanes = soak.get("subagent_lanes") or 0
+        lines.append(
+            f"Proxy RSS per engine life (MiB, first → last, growth per 1,000 requests) with {lanes} new subagent lanes"
+            + (f" (one every {soak['requests'] / lanes:.0f} requests)" if lanes else "") + ": "
+            + ", ".join(f"requests {r['requests'][0]}-{r['requests'][1]}: {r['first_mib']} → {r['last_mib']} "
+                        f"({'n/a' if r['per_1000_requests_mib'] is None else format(r['per_1000_requests_mib'], '+.2f')})"
+                        for r in soak["proxy_rss_per_life"]) + ".")
     if load:
         lines += [
             "",

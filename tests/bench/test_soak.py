@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stable_prefix.bench import soak
-from stable_prefix.bench.measure.resources import slope_per_1000
+from stable_prefix.bench.measure.resources import ProcessFigures, Sample, slope_per_1000
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
@@ -33,4 +33,16 @@ def test_the_small_soak_and_load_lose_nothing_and_answer_as_an_uncached_engine(t
     assert load["completed"] > 0 and load["lost"] == [] and load["forwarded_twice"] == [] and load["mismatched"] == []
     assert load["compared_with_uncached"] == load["completed"]
     assert load["engine_queue_wait_s_max"] is not None
-    assert "**Soak**" in (tmp_path / "soak.md").read_text()
+    assert figures["subagent_lanes"] > 0 and [life["life"] for life in figures["proxy_rss_per_life"]] == [1, 2]
+    assert "**Soak**" in (tmp_path / "soak.md").read_text() and "Proxy RSS per engine life" in (tmp_path / "soak.md").read_text()
+
+
+def test_the_proxy_rss_is_reported_per_engine_life_first_last_and_per_1000_requests():
+    def at(requests, life, proxy_mib):
+        return Sample(requests, life, ProcessFigures(0, 0, 0), ProcessFigures(proxy_mib * 2**20, 0, 0), 0, 0, None, None, None, None, None, None)
+
+    samples = [at(1, 1, 100), at(500, 1, 105), at(1000, 1, 110), at(1001, 2, 90)]
+    assert soak.proxy_rss_per_life(samples) == [
+        {"life": 1, "requests": [1, 1000], "first_mib": 100.0, "last_mib": 110.0, "per_1000_requests_mib": pytest.approx(10.01, abs=0.01)},
+        {"life": 2, "requests": [1001, 1001], "first_mib": 90.0, "last_mib": 90.0, "per_1000_requests_mib": None},
+    ]
