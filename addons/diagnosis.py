@@ -126,13 +126,20 @@ RECENT_REQUESTS = 32
 # What the diagnosis holds per lane (its last prompt, as sent and as forwarded) is bounded, since every
 # Claude Code subagent instance is a lane of its own and a day of subagents is thousands of them
 # (unbounded, 500 subagent lanes of ~60 KB prompts held ~100 MB). Past either bound the least
-# recently used lane goes, subagent and side lanes before the main agent's: a finished subagent never
-# sends again, a main lane does every turn. Its counts stay in its group's totals; were it to come back
-# it would start as a first request. 128 lanes holds a fan-out of tens of subagents besides the main
-# and side lanes of a few conversations; 64 MiB of serialized prompt bytes (the prompts' JSON values
-# beside them, about as much again) holds ten 200K-token conversations of both forms.
+# recently used lane goes (a finished subagent never sends again, so its lane is soon the least recently
+# used), but the most recently used `PREFERRED_MAIN_LANES` main agent lanes stay: a user reading an
+# answer while a fan-out of subagents runs keeps the main lane's diagnosis. Its counts stay in the
+# totals; were it to come back it would start as a first request. 128 lanes holds a fan-out of tens of
+# subagents besides the main and side lanes of a few conversations; 64 MiB of serialized prompt bytes
+# (the prompts' JSON values beside them, about as much again) holds ten 200K-token conversations of both forms.
 MAX_LANES = 128
 MAX_LANE_PROMPT_BYTES = 64 * 2**20
+PREFERRED_MAIN_LANES = 8  # conversations open at once (several terminals on one proxy)
+# The counts of lanes let go are kept per subagent type (instance lanes) or per lane (type and side lanes),
+# a few hundred bytes each; a type is per agent version and project, so over a long life these grow too:
+# past this many of each, the oldest are added up as one entry, `OLDER_LANES`.
+MAX_RETIRED = 1024
+OLDER_LANES = "(older)"
 
 
 @dataclass(frozen=True)
@@ -522,21 +529,32 @@ class PrefixDiagnosis:
         return NEW_CONVERSATION if is_main else NEW_TASK
 
     def _bound(self, current: str) -> None:
-        """Let lanes go, least recently used first: subagent instances' (a finished one never sends again),
-        then side and type lanes, the main agent's last, until both bounds hold (the current lane stays,
-        however big)."""
+        """Let lanes go, least recently used first, the most recently used main lanes last, until both
+        bounds hold (the current lane stays, however big)."""
         while len(self.lanes) > self.max_lanes or self.held_prompt_bytes > self.max_lane_prompt_bytes:
             others = [lane for lane in self.lanes if lane != current]
             if not others:
                 return
-            victim = next((lane for lane in others if lane_group(lane) != lane), None)
-            victim = victim or next((lane for lane in others if not is_main_lane(lane)), others[0])
+            preferred = set([lane for lane in others if is_main_lane(lane)][-PREFERRED_MAIN_LANES:])
+            victim = next((lane for lane in others if lane not in preferred), others[0])
             state = self.lanes.pop(victim)
             self.held_prompt_bytes -= state.prompt_bytes
             if lane_group(victim) != victim:
+                group = lane_group(victim)
                 _add_to_group(self.retired, state.totals(victim))
+                self.retired[group] = self.retired.pop(group)  # the most recently let go last
             else:
-                self.retired_lanes[victim] = _merged(self.retired_lanes.get(victim), state.totals(victim))
+                self.retired_lanes[victim] = _merged(self.retired_lanes.pop(victim, None), state.totals(victim))
+            self._bound_retired()
+
+    def _bound_retired(self) -> None:
+        """Add the oldest counts up as `OLDER_LANES` past `MAX_RETIRED` entries of each kind."""
+        while len(self.retired_lanes) > MAX_RETIRED:
+            lane = next(iter(self.retired_lanes))
+            _add_to_group(self.retired, {**self.retired_lanes.pop(lane), "group": OLDER_LANES})
+        while len(self.retired) > MAX_RETIRED + 1:  # `OLDER_LANES` itself aside
+            group = next(name for name in self.retired if name != OLDER_LANES)
+            self.retired[OLDER_LANES] = _merged(self.retired.get(OLDER_LANES), self.retired.pop(group))
 
     def _best_earlier(self, forwarded: PromptOrder) -> SharedPrefix | None:
         """The longest prefix shared with any recent request (the latest of equals)."""
@@ -559,13 +577,10 @@ class PrefixDiagnosis:
 
     def group_totals(self) -> dict[str, dict]:
         """The instance lanes of each subagent type, added up, with every lane of it let go (`_bound`)."""
-        groups = {name: {**group, "breaks": Counter(group["breaks"]), "neutralized": Counter(group["neutralized"])} for name, group in self.retired.items()}
+        groups = dict(self.retired)
         for lane, total in self.totals().items():
             if total["group"] != lane:
                 _add_to_group(groups, total)
-        for group in groups.values():
-            group["stable_prefix_ratio"] = round(group["stable_prefix_bytes"] / group["total_bytes"], 6) if group["total_bytes"] else None
-            group["breaks"], group["neutralized"] = dict(group["breaks"]), dict(group["neutralized"])
         return groups
 
     def summary_lines(self) -> list[str]:
@@ -579,10 +594,12 @@ _COUNTS = ("requests", "compared", "prefix_kept", "prefix_broke", "stable_prefix
 
 
 def _merged(earlier: dict | None, later: dict) -> dict:
-    """One lane's totals over two spans of it (before it was let go, and since)."""
+    """Two totals added up: one lane's over two spans of it (before it was let go, and since), or two groups'."""
     if earlier is None:
         return later
     merged = {**later, **{key: earlier[key] + later[key] for key in _COUNTS}}
+    if "instances" in later:
+        merged["instances"] = earlier["instances"] + later["instances"]
     merged["stable_prefix_ratio"] = round(merged["stable_prefix_bytes"] / merged["total_bytes"], 6) if merged["total_bytes"] else None
     for key in ("breaks", "neutralized"):
         merged[key] = dict(Counter(earlier[key]) + Counter(later[key]))
@@ -590,13 +607,8 @@ def _merged(earlier: dict | None, later: dict) -> dict:
 
 
 def _add_to_group(groups: dict[str, dict], total: dict) -> None:
-    """Adds one lane's totals to its group's."""
-    group = groups.setdefault(total["group"], {"instances": 0, "breaks": Counter(), "neutralized": Counter()})
-    group["instances"] += 1
-    for key in _COUNTS:
-        group[key] = group.get(key, 0) + total[key]
-    group["breaks"].update(total["breaks"])
-    group["neutralized"].update(total["neutralized"])
+    """Adds one lane's totals to its group's (a new dict: the groups' entries are never changed in place)."""
+    groups[total["group"]] = _merged(groups.get(total["group"]), {**total, "instances": 1})
 
 
 def _summary_tail(total: dict) -> str:

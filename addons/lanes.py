@@ -342,18 +342,23 @@ def _output_schema_fields(body: dict) -> set[str]:
 # a new one, so a day of subagents would grow the map without end. An instance named again after it went
 # gets the name its signature gives, the same unless its type lane's identity changed meanwhile; only a
 # fork of a parent gone is named after its type lane. 4,096 is hours of subagents at ~200 B each.
-# `_names` and `_told` hold one entry per subagent type, not per instance: they stay as they are.
 MAX_NAMED_INSTANCES = 4096
+# How many lane types' names (`_names`, `_told`: one per signature, ~1-2 KB each) are remembered. A type is per
+# agent, version and project, not per instance, but a long life sees many: the least recently used go, the main
+# agent's last. A type named again gets the name its signature gives (`sub:<hash>`, `side:<hash>`, the name
+# the client told), the same as before unless another took it meanwhile.
+MAX_LANE_TYPES = 1024
 
 
 class LaneNames:
     """Gives each signature a stable, readable name (see the module docstring)."""
 
-    def __init__(self, max_instances: int = MAX_NAMED_INSTANCES) -> None:
+    def __init__(self, max_instances: int = MAX_NAMED_INSTANCES, max_types: int = MAX_LANE_TYPES) -> None:
+        # Each least recently used first.
         self._names: dict[LaneSignature, str] = {}
         self._told: dict[tuple[str, str, LaneSignature], str] = {}  # (kind, type the client named, identity) -> lane
-        self._instances: dict[str, str] = {}  # instance -> its lane, for a fork's parent; least recently named first
-        self.max_instances = max_instances
+        self._instances: dict[str, str] = {}  # instance -> its lane, for a fork's parent
+        self.max_instances, self.max_types = max_instances, max_types
 
     def name_for(self, signature: LaneSignature) -> str:
         if signature.auxiliary_type and not signature.tools:
@@ -361,9 +366,8 @@ class LaneNames:
         # Hints are not part of identity: the same agent may be seen with and
         # without its billing header (e.g. stripped captures).
         key = signature.identity
-        if key not in self._names:
-            self._names[key] = self._new_name(signature)
-        name = self._names[key]
+        name = self._names[key] = self._names.pop(key, None) or self._new_name(signature)  # put back last
+        _forget_oldest(self._names, self.max_types)
         if signature.instance is None:
             return name
         if self._is_fork(signature, name):
@@ -374,8 +378,7 @@ class LaneNames:
         else:
             lane = f"{name}@{signature.instance}"
         lane = self._instances[signature.instance] = self._instances.pop(signature.instance, lane)  # put back last
-        while len(self._instances) > self.max_instances:
-            del self._instances[next(iter(self._instances))]
+        _forget_oldest(self._instances, self.max_instances)
         return lane
 
     @staticmethod
@@ -393,7 +396,9 @@ class LaneNames:
         if key not in self._told:
             name = f"{kind}:{told}"
             self._told[key] = name if name not in self._told.values() else f"{name}-{signature.digest}"
-        return self._told[key]
+        name = self._told[key] = self._told.pop(key)  # put back last
+        _forget_oldest(self._told, self.max_types)
+        return name
 
     def _new_name(self, signature: LaneSignature) -> str:
         taken = set(self._names.values())
@@ -406,3 +411,10 @@ class LaneNames:
         if name in taken:
             name = f"{name}-{signature.digest}"
         return name
+
+
+def _forget_oldest(names: dict, limit: int) -> None:
+    """Drop the least recently used entries (first in `names`) past `limit`, those naming a main lane last."""
+    while len(names) > limit:
+        oldest = next((key for key, name in names.items() if not name.startswith("main")), next(iter(names)))
+        del names[oldest]

@@ -5,8 +5,9 @@ import copy
 import gc
 import tracemalloc
 
+from stable_prefix.addons import diagnosis as diagnosis_module
 from stable_prefix.addons import normalize
-from stable_prefix.addons.diagnosis import MAX_LANE_PROMPT_BYTES, MAX_LANES, PrefixDiagnosis, PromptSnapshot
+from stable_prefix.addons.diagnosis import MAX_LANE_PROMPT_BYTES, MAX_LANES, PREFERRED_MAIN_LANES, PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.lanes import LaneNames, lane_signature
 from stable_prefix.addons.normalize import Rules
 from tests.fixtures import claude_code
@@ -20,11 +21,11 @@ def instance_id(number: int) -> str:
     return f"{number * 2654435761 % 16**8:08x}{number:08x}"
 
 
-def send(diagnosis: PrefixDiagnosis, body: dict, headers: dict):
+def send(diagnosis: PrefixDiagnosis, body: dict, headers: dict, lane: str | None = None):
     body = copy.deepcopy(body)
     snapshot = PromptSnapshot.of(body, "anthropic", headers)
     normalize.normalize(body, "anthropic", Rules())
-    return diagnosis.observe(snapshot, body)
+    return diagnosis.observe(snapshot, body, lane)
 
 
 def send_subagent(diagnosis: PrefixDiagnosis, number: int, turns: int = 1):
@@ -109,12 +110,13 @@ def test_an_instance_named_again_keeps_its_name():
     assert names.name_for(lane_signature(body, "anthropic", claude_code.agent_headers(instance_id(0)))) == name
 
 
-def test_subagent_instances_go_before_a_side_lane_used_longer_ago():
-    diagnosis = PrefixDiagnosis(Rules(), max_lanes=2)
-    title = send(diagnosis, claude_code.title_request("prompt 1"), claude_code.agent_headers()).lane
+def test_main_lanes_beyond_the_most_recently_used_go_as_any_other_lane():
+    diagnosis = PrefixDiagnosis(Rules(), max_lanes=PREFERRED_MAIN_LANES + 2)
+    mains = [send(diagnosis, claude_code.modern_request(3), claude_code.agent_headers(), lane=f"main-{number}").lane
+             for number in range(PREFERRED_MAIN_LANES + 2)]  # e.g. two MCP servers' tool sets: `main-<hash>` lanes
     for number in range(5):
         send_subagent(diagnosis, number)
-    assert title in diagnosis.lanes
+    assert [lane for lane in diagnosis.lanes if lane in mains] == mains[2:]
 
 
 def test_a_side_lane_let_go_keeps_its_counts_under_its_name():
@@ -124,3 +126,30 @@ def test_a_side_lane_let_go_keeps_its_counts_under_its_name():
     assert title not in diagnosis.lanes and diagnosis.totals()[title]["requests"] == 1
     send(diagnosis, claude_code.title_request("prompt 2"), claude_code.agent_headers())
     assert diagnosis.totals()[title]["requests"] == 2
+
+
+def test_the_counts_of_lanes_let_go_are_bounded_and_still_add_up(monkeypatch):
+    monkeypatch.setattr(diagnosis_module, "MAX_RETIRED", 4)
+    diagnosis = PrefixDiagnosis(Rules(), max_lanes=1)
+    for number in range(10):
+        send(diagnosis, claude_code.title_request(f"prompt {number}"), claude_code.agent_headers(), lane=f"side:{number}")
+        send(diagnosis, claude_code.title_request(f"prompt {number}"), claude_code.agent_headers(), lane=f"sub:{number}@{instance_id(number)}")
+    assert len(diagnosis.retired_lanes) <= 4 and len(diagnosis.retired) <= 5
+    lanes = sum(total["requests"] for lane, total in diagnosis.totals().items() if total["group"] == lane)
+    groups = sum(total["requests"] for total in diagnosis.group_totals().values())
+    assert lanes + groups == 20 and diagnosis_module.OLDER_LANES in diagnosis.group_totals()
+
+
+def side_request(number: int) -> dict:
+    """A side request of a type of its own (no tools, a system prompt of its own)."""
+    return {"model": "claude-haiku-4-5", "max_tokens": 64, "system": f"You summarise file number {number} in one line.",
+            "messages": [{"role": "user", "content": "Go."}]}
+
+
+def test_lane_names_remember_a_bounded_number_of_lane_types_the_main_one_last():
+    names = LaneNames(max_types=4)
+    main = names.name_for(lane_signature(claude_code.modern_request(1), "anthropic", claude_code.agent_headers()))
+    sides = [names.name_for(lane_signature(side_request(number), "anthropic", claude_code.agent_headers())) for number in range(10)]
+    assert len(names._names) == 4 and len(set(sides)) == 10
+    assert names.name_for(lane_signature(claude_code.modern_request(2), "anthropic", claude_code.agent_headers())) == main == "main"
+    assert names.name_for(lane_signature(side_request(0), "anthropic", claude_code.agent_headers())) == sides[0]  # named again alike
