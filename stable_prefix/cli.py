@@ -59,7 +59,8 @@ def _captures(command: str) -> Callable[[list[str]], int]:
 # command -> (one-line help, runner taking the remaining arguments)
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "up": ("engine + proxy on 127.0.0.1 until Ctrl-C: up MODEL [--port 8080] [--engine batched|simple] [--draft auto|on|off] [--web] [--cache-bytes SIZE] "
-           "[-- vllm-mlx flags]; "
+           "[-- vllm-mlx flags]; llama.cpp's llama-server instead: up --server llama.cpp MODEL.gguf [--slots 4] [--slot-context 32768] "
+           "[-- llama-server flags]; "
            "the proxy alone before a router or a remote engine: up --upstream URL --served-model-name NAME", _main_of("stack")),
     "router": ("a router before several engines: router smg|haproxy|vllm-router --replica URL ... [--port 8090] [--policy key|round_robin|prefix] [--print]",
                _main_of("router")),

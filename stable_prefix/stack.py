@@ -97,7 +97,7 @@ def argument_parser() -> argparse.ArgumentParser:
         epilog="Flags after `--` go to the server that starts, e.g. `-- --enable-auto-tool-choice --tool-call-parser qwen` (vllm-mlx) "
                "or `-- --threads 8` (llama.cpp).",
     )
-    parser.add_argument("model", nargs="?", help="a local model folder or a Hugging Face id (mlx-community/...); with --upstream, "
+    parser.add_argument("model", nargs="?", help="a local model folder or a Hugging Face id (mlx-community/...); a GGUF file for llama.cpp; with --upstream, "
                                                  "the served model's name (or give --served-model-name)")
     parser.add_argument("--upstream", metavar="URL",
                         help="no local engine: the proxy alone before this router or remote engine (e.g. http://10.0.0.5:8090), "
