@@ -6,7 +6,7 @@ prompt again. `SlotLanes` gives each lane a slot of its own while there are slot
 lane's: that lane is saved to a file first (llama-server's `POST /slots/ID?action=save`), and a lane that had been
 saved is restored into its new slot (`action=restore`). A subagent instance seen for the first time starts from
 its type's head: the slot or file of another instance of its type (`lanes.lane_group`), saved first where it is
-live in a slot. A lane seen for the first time by this proxy may have a file from an earlier run (llama-server's
+live in a slot (or kept where the slot it takes is that instance's). A lane seen for the first time by this proxy may have a file from an earlier run (llama-server's
 slot files outlive it): it is tried, and a missing one only means a cold start.
 
 One request at a time per slot: a slot taken for a request is busy until its answer is over, and a save or
@@ -87,21 +87,25 @@ class SlotLanes:
             return self._take(SlotPlan(lane, slot))
         save = (previous, slot_file(previous)) if previous is not None else None
         head, restore, may_be_missing = None, self.saved.get(lane), False
-        if restore is None and lane not in self.seen:
+        if restore is None and previous is not None and self._is_peer(previous, lane):
+            pass  # the slot holds another instance of the lane's type: its head is there already
+        elif restore is None and lane not in self.seen:
             head, restore = self._head_of(lane, slot)
             if restore is None:
                 restore, may_be_missing = slot_file(lane), True
         return self._take(SlotPlan(lane, slot, save, head, restore, may_be_missing))
 
+    @staticmethod
+    def _is_peer(other: str, lane: str) -> bool:
+        """Another instance of `lane`'s subagent type."""
+        return other != lane and lane_group(other) == lane_group(lane) != lane
+
     def _head_of(self, lane: str, slot: int) -> tuple[tuple[int, str, str] | None, str | None]:
         """Where a new instance's type head is: a peer's idle slot (saved first), else the newest peer file."""
-        group = lane_group(lane)
-        if group == lane:
-            return None, None
         for peer_slot, peer in enumerate(self.owner):
-            if peer_slot != slot and peer is not None and peer != lane and lane_group(peer) == group and not self.busy[peer_slot]:
+            if peer_slot != slot and peer is not None and self._is_peer(peer, lane) and not self.busy[peer_slot]:
                 return (peer_slot, peer, slot_file(peer)), slot_file(peer)
-        peers = [file for peer, file in self.saved.items() if peer != lane and lane_group(peer) == group]
+        peers = [file for peer, file in self.saved.items() if self._is_peer(peer, lane)]
         return None, (peers[-1] if peers else None)
 
     def _take(self, plan: SlotPlan) -> SlotPlan:

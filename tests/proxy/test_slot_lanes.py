@@ -113,3 +113,10 @@ def test_without_files_lanes_are_pinned_and_nothing_is_saved_or_restored():
     plans = [run(slots, lane) for lane in (MAIN, EXPLORE_A, TITLE, MAIN, EXPLORE_B)]
     assert [plan.slot for plan in plans] == [1, 0, 1, 0, 1]
     assert all(plan.save is None and plan.head is None and plan.restore is None for plan in plans)
+
+
+def test_a_new_instance_taking_its_peers_slot_keeps_the_head_there_and_saves_the_peer():
+    slots = SlotLanes(1)
+    run(slots, EXPLORE_A)
+    plan = run(slots, EXPLORE_B)
+    assert plan.save == (EXPLORE_A, slot_file(EXPLORE_A)) and plan.restore is None and plan.head is None
