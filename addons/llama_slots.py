@@ -106,7 +106,12 @@ class LlamaSlots:
                            f"({self.counts['unpinned']} so far)")
             notes["llama_slot"] = {"lane": lane, "unpinned": str(error)}
             return
-        body = json.loads(flow.request.get_content(strict=False) or b"{}")
+        try:
+            body = json.loads(flow.request.get_content(strict=False) or b"")
+        except ValueError:  # another addon's body; llama-server's own choice of slot for it
+            return
+        if not isinstance(body, dict):
+            return
         body["id_slot"] = plan.slot
         write_json_body(flow.request, body)
         self.counts["pinned"] += 1
