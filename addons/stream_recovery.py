@@ -565,6 +565,9 @@ def _client_is_reading(server: Http1Server) -> bool:
 
 
 def _recover(server: Http1Server, event: ResponseProtocolError, followed: FollowedStream, send) -> commands.CommandGenerator[None]:
+    # Held while the recovery runs: mitmproxy drops the failed flow's stream right after this starts, and with it maybe
+    # the flow's last reference (then its comment, the completion's note and hook would be lost).
+    flow = followed.flow()
     reason = f"it sent nothing for {stall_timeout():g} s: {STALL_OPTION}" if followed.stall_cut else event.message
     recovery = Recovery(followed, mode(), reason, bool(getattr(ctx.options, "ssl_insecure", False)), read_limit_s=read_limit_s(stall_timeout()))
     where = f"{server.request.method} {server.request.path}"
@@ -592,7 +595,7 @@ def _recover(server: Http1Server, event: ResponseProtocolError, followed: Follow
             # Said before the body's end goes out: whoever reads the whole answer finds the line written.
             logger.warning(f"{where}: {note} ({sum(COUNTS.completed.values())} completed since the proxy started)")
             _comment(followed, note)
-            if (flow := followed.flow()) is not None:  # its record says so (capture.py), before the end goes out too
+            if flow is not None:  # its record says so (capture.py), before the end goes out too
                 flow.metadata[COMPLETED_NOTES] = {"how": how, "requests": len(recovery.attempts), "seconds": round(time.monotonic() - recovery.started, 3),
                                                   "cut": recovery.reason, "dropped_bytes": recovery.dropped_bytes}
                 yield StreamRecoveredHook(flow)
