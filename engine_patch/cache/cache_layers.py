@@ -449,6 +449,16 @@ def _drop_from_window(layer: RotatingKVCache, count: int) -> None:
     layer.keys, layer.values = layer.keys[..., :keep, :], layer.values[..., :keep, :]
     layer._idx = keep
     layer.offset -= count
+    if keep < layer.max_size <= layer.offset:
+        _give_back_the_next_slot(layer)
+
+
+def _give_back_the_next_slot(layer: Any) -> None:
+    """Every token an update fed dropped from a full window (a near tie on its first: verification.py) leaves
+    max_size - 1, and mlx-lm's one-token update only grows a window that never dropped a token: the slot it
+    writes next is given back at the end, where temporal order puts the next token."""
+    layer.keys = mx.concatenate([layer.keys, mx.zeros_like(layer.keys[..., :1, :])], axis=2)
+    layer.values = mx.concatenate([layer.values, mx.zeros_like(layer.values[..., :1, :])], axis=2)
 
 
 def drop_last_tokens_per_row(prompt_cache: list[Any], counts: list[int]) -> None:
@@ -474,6 +484,8 @@ def _drop_per_row(layer: Any, counts: list[int]) -> None:
     if shared:
         layer._idx -= shared  # a BatchKVCache keeps its capacity: the next update writes over them
         layer.offset -= shared
+    if isinstance(layer, BatchRotatingKVCache) and layer.keys.shape[2] < layer.max_size <= layer._offset:
+        _give_back_the_next_slot(layer)  # every row dropped all it fed: as in _drop_from_window
     if shared == max(counts):
         return
     rest = mx.array([count - shared for count in counts])

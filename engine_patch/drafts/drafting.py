@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from stable_prefix.engine_patch.cache.per_model import PerModel
+
 from .cost_gate import MIN_GAIN, MODES, RowOutlook, StepPlan, VerifyCostCurve, break_even_acceptance, nominal_curve, plan_rows_alone, plan_step
 from .draft_session import DraftSession
 from .json_string_view import json_string_view
@@ -37,6 +39,10 @@ class DraftStats:
         self.verify_steps = 0  # of the steps, those with a draft to verify
         self.draft_proposed = 0
         self.draft_accepted = 0
+        # Greedy tokens a wider forward nearly tied on, decided by a one-token forward (verification.py's margin rule).
+        self.near_ties = 0
+        # Those a row of a recurrent model in a batch had to take from the wider forward (drafted_decode.py says why).
+        self.near_ties_taken_wide = 0
         self.bypassed: dict[str, int] = {}
 
     def step(self, sequences: int = 1, drafted: int = 0) -> None:
@@ -51,6 +57,12 @@ class DraftStats:
         self.draft_proposed += proposed
         self.draft_accepted += accepted
 
+    def decided_alone(self, tokens: int = 1) -> None:
+        self.near_ties += tokens
+
+    def near_tie_taken_wide(self) -> None:
+        self.near_ties_taken_wide += 1
+
     def bypass(self, reason: str) -> None:
         self.bypassed[reason] = self.bypassed.get(reason, 0) + 1
 
@@ -63,6 +75,8 @@ class DraftStats:
             "draft_verify_steps": self.verify_steps,
             "draft_proposed": self.draft_proposed,
             "draft_accepted": self.draft_accepted,
+            "draft_near_ties": self.near_ties,
+            "draft_near_ties_taken_wide": self.near_ties_taken_wide,
             "draft_bypassed": dict(self.bypassed),
         }
 
@@ -78,7 +92,7 @@ class Drafting:
         self.min_gain = min_gain if mode == "auto" else 0.0
         self.stats = DraftStats()
         self.curve: VerifyCostCurve | None = nominal_curve() if mode == "on" else None
-        self._prepared: set[int] = set()
+        self._prepared = PerModel()  # the models measured (held weakly: a later model at a freed one's address is measured too)
         self._lock = threading.Lock()
         self._frozen: dict[int, tuple[np.ndarray, FrozenTokens]] = {}
         self._break_even: tuple[VerifyCostCurve, float | None] | None = None
@@ -88,9 +102,9 @@ class Drafting:
     def prepare(self, model: Any) -> None:
         """In `auto`, measure this model's verify-cost curve (once per model object) and log the decision."""
         with self._lock:
-            if self.mode != "auto" or id(model) in self._prepared:
+            if self.mode != "auto" or model in self._prepared:
                 return
-            self._prepared.add(id(model))
+            self._prepared.set(model, True)
         from .verify_cost import measure_verify_cost
 
         try:

@@ -118,7 +118,7 @@ def test_auto_on_a_compute_bound_curve_proposes_nothing_and_counts_one_step_per_
     reference = without_drafts(model, tokenizer)
     proposals = []
     drafting = Drafting("auto", proposer=scripted(lambda generated, count: proposals.append(count) or reference[len(generated):][:count]))
-    drafting._prepared.add(id(model))  # this CPU's curve, as measured for SmolLM2-135M: k tokens cost about k steps
+    drafting._prepared.set(model, True)  # this CPU's curve, as measured for SmolLM2-135M: k tokens cost about k steps
     drafting.curve = VerifyCostCurve({1: 1.0, 2: 1.95, 3: 2.9, 4: 3.85}, "compute-bound, as measured here")
     with drafted_stream_generate(drafting) as generate:
         drafted = answer(generate, model, tokenizer)

@@ -51,7 +51,7 @@ from stable_prefix.engine_patch.cache.cache_layers import (
 from stable_prefix.engine_patch.drafts.cost_gate import RowOutlook
 from stable_prefix.engine_patch.drafts.draft_session import DraftSession
 from stable_prefix.engine_patch.drafts.drafting import Drafting
-from stable_prefix.engine_patch.drafts.verification import accepted_length
+from stable_prefix.engine_patch.drafts.verification import decided_run, decisive, greedy
 
 from . import batch_generator_access
 
@@ -73,12 +73,15 @@ class DraftedBatches:
         # session was told before they were reported (the next token a drafted step drew).
         self.unfed: dict[int, list[int]] = {}
         self.told_ahead: dict[int, list[int]] = {}
+        # Rows whose next token a drafted step nearly tied on (the margin rule): the next step is one token wide.
+        self.decide_alone: set[int] = set()
 
     def attach(self, generator: Any, full_prompt) -> None:
         """Route `generator`'s inserts and decode steps through drafting; `full_prompt(prompt)` gives a row's whole prompt."""
         self.sessions.clear()
         self.unfed.clear()
         self.told_ahead.clear()
+        self.decide_alone.clear()
         generator.insert = functools.partial(self._insert, generator, generator.insert, full_prompt)
         batch = generator._generation_batch
         batch.next = functools.partial(self._next, generator, batch, batch.next)
@@ -99,6 +102,7 @@ class DraftedBatches:
         for table in (self.sessions, self.unfed, self.told_ahead):
             for uid in [uid for uid in table if uid not in live]:
                 del table[uid]
+        self.decide_alone &= set(live)
 
     # --- a step ----------------------------------------------------------------------
 
@@ -107,6 +111,9 @@ class DraftedBatches:
             return []
         sessions = [self.sessions.get(uid) for uid in batch.uids]
         catching_up = any(self.unfed.get(uid) for uid in batch.uids)
+        alone, self.decide_alone = bool(self.decide_alone), set()
+        if not catching_up and alone:  # a near tie is decided by a one-token forward, as without drafts
+            return self._plain(batch, original_next, sessions)
         if not catching_up and not any(s is not None and s.may_draft and self.drafting.might_pay(s.acceptance.rate) for s in sessions):
             return self._plain(batch, original_next, sessions)
         next_tokens = batch._next_tokens.tolist()
@@ -151,6 +158,7 @@ class DraftedBatches:
     def _forget(self, uid: int) -> None:
         for table in (self.sessions, self.unfed, self.told_ahead):
             table.pop(uid, None)
+        self.decide_alone.discard(uid)
 
     def _drafted(self, generator, batch, next_tokens: list[int], drafts: list[list[int]]):
         rows = list(batch.uids)
@@ -165,7 +173,8 @@ class DraftedBatches:
                       for index, (head, draft) in enumerate(zip(heads, drafts))]
         logprobs = [rows_logits - mx.logsumexp(rows_logits, axis=-1, keepdims=True) for rows_logits in row_logits]
         drawn = self._drawn(batch, logprobs)
-        mx.eval(drawn, logprobs)
+        sure = [decisive(row) if greedy(self._sampler(batch, index)) else None for index, row in enumerate(logprobs)]
+        mx.eval(drawn, logprobs, *[row for row in sure if row is not None])
         drawn_tokens = [values.tolist() for values in drawn]
 
         responses, keep, dropped, put_back, next_drawn, next_logprobs = [], [], [], [], [], []
@@ -173,14 +182,16 @@ class DraftedBatches:
         for index, uid in enumerate(rows):
             session = self.sessions.get(uid)
             head, draft, row_drawn = heads[index], drafts[index], drawn_tokens[index]
-            confirmed = accepted_length(draft, row_drawn)
+            confirmed, next_decided = self._decided(uid, head, draft, row_drawn, sure[index])
             reported = [next_tokens[index], *draft[:confirmed]]
             distributions = [previous_logprobs[index], *(logprobs[index][position] for position in range(confirmed))]
             if draft:
                 session.judged(len(draft), confirmed)
+            if not next_decided:
+                # The margin rule: the last decided token is fed again, alone, at the next step (reported then).
+                pending, pending_logprobs = reported.pop(), distributions.pop()
             finish, reported, states, matches = self._finish_within(batch, index, reported)
-            confirmed = len(reported) - 1
-            kept = len(head) + confirmed
+            kept = len(head) - 1 + len(reported)
             if self.recurrent and kept < width:
                 put_back.append(index)
                 dropped.append(width)
@@ -188,14 +199,23 @@ class DraftedBatches:
             else:
                 dropped.append(width - kept)
                 self.unfed.pop(uid, None)
-            bonus = row_drawn[confirmed]
-            if finish is None:
+            if finish is None and next_decided:
+                bonus = row_drawn[confirmed]
                 self._tell(uid, session, draft[:confirmed] + [bonus], drafted=bool(draft))
+                next_drawn.append(bonus)
+                next_logprobs.append(logprobs[index][confirmed])
+            elif finish is None:
+                if confirmed:
+                    self._tell(uid, session, draft[:confirmed], drafted=True)
+                next_drawn.append(pending)
+                next_logprobs.append(pending_logprobs)
+            else:
+                next_drawn.append(next_tokens[index])  # the row leaves the batch below
+                next_logprobs.append(previous_logprobs[index])
+            if finish is None:
                 for token in reported:
                     self._reported(uid, session, token)
             responses.append((index, uid, reported, distributions[: len(reported)], states, matches, finish))
-            next_drawn.append(bonus)
-            next_logprobs.append(logprobs[index][confirmed])
             if finish is None:
                 keep.append(index)
         if put_back:
@@ -222,6 +242,27 @@ class DraftedBatches:
         if len(keep) < len(rows):
             batch.filter(keep)
         return out
+
+    def _decided(self, uid: int, head: list[int], draft: list[int], drawn: list[int], sure) -> tuple[int, bool]:
+        """The row's kept draft tokens and whether its next token is decided here (`verification.decided_run`).
+
+        A near tie ends the run and the row's last decided token waits for a one-token step. A row of a
+        model with recurrent layers that would then have tokens to feed again cannot get one (its catch-up
+        is a wider forward): there the wider forward decides, counted in `draft_near_ties_taken_wide`.
+        """
+        confirmed, next_decided = decided_run(draft, drawn, sure.tolist() if sure is not None else None)
+        if next_decided:
+            return confirmed, True
+        if self.recurrent and (len(head) > 1 or confirmed > 0):
+            self.drafting.stats.near_tie_taken_wide()
+            return decided_run(draft, drawn)
+        self.drafting.stats.decided_alone()
+        self.decide_alone.add(uid)
+        return confirmed, False
+
+    @staticmethod
+    def _sampler(batch, index: int):
+        return (batch.samplers[index] if any(batch.samplers or []) else None) or batch.fallback_sampler
 
     def _processed(self, batch, index: int, logits: mx.array, head: list[int]) -> mx.array:
         """A row's logits through its logits processors, at its next token's position (such a row never drafts)."""

@@ -41,7 +41,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from stable_prefix.engine_patch.cache.cache_layers import drop_last_tokens, has_recurrent_state, recurrent_state, restore_recurrent_state, why_not_draftable
 from stable_prefix.engine_patch.drafts.draft_session import DraftSession
 from stable_prefix.engine_patch.drafts.drafting import Drafting
-from stable_prefix.engine_patch.drafts.verification import accepted_length
+from stable_prefix.engine_patch.drafts.verification import argmax_sampler, decided_run, decisive, greedy
 
 logger = logging.getLogger("engine_patch")
 
@@ -114,7 +114,8 @@ class DraftedDecode:
         self.stats = drafting.stats
         self.session = session
         self.max_tokens = max_tokens
-        self.sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
+        self.sampler = sampler or argmax_sampler
+        self.greedy = greedy(self.sampler)  # its near ties are decided by one-token forwards (the margin rule)
         self.cache = prompt_cache
         self.recurrent = has_recurrent_state(self.cache)
         self.prefill_step_size = prefill_step_size
@@ -217,28 +218,54 @@ class DraftedDecode:
         logits = self.model(mx.array(fed)[None], cache=self.cache)[0, len(head) - 1 :, :]
         all_logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         drawn = self.sampler(all_logprobs)
-        mx.eval(drawn, all_logprobs)
+        sure = decisive(all_logprobs) if self.greedy and len(fed) > 1 else None  # a one-token forward decides as it is
+        mx.eval(drawn, all_logprobs, *([sure] if sure is not None else []))
         drawn_tokens = [int(token) for token in drawn.tolist()]
-        accepted = accepted_length(draft, drawn_tokens)
+        accepted, next_decided = decided_run(draft, drawn_tokens, sure.tolist() if sure is not None else None)
         self.stats.step(drafted=1 if draft else 0)
         if draft:
             self.session.judged(len(draft), accepted)
-        decided = draft[:accepted] + [drawn_tokens[accepted]]
+        if next_decided:
+            next_token, next_logprobs = drawn[accepted : accepted + 1], all_logprobs[accepted]
+        else:
+            next_token, next_logprobs = self._decided_alone(fed, len(head) + accepted, saved)
+        decided = draft[:accepted] + [int(next_token.item())]
         self.session.decided(decided, drafted=bool(draft))
         self.generated += decided
         rejected = len(draft) - accepted
-        if rejected and self.recurrent:
+        if next_decided and rejected and self.recurrent:
             # Recurrent state cannot be rewound: back to before this step, its confirmed tokens fed again next time.
             restore_recurrent_state(self.cache, saved)
             drop_last_tokens(self.cache, len(fed))
             self._last_step = None
         else:
-            drop_last_tokens(self.cache, rejected)
+            if next_decided:
+                drop_last_tokens(self.cache, rejected)
             self._last_step = (self.in_cache, saved)
             self.in_cache += len(head) + accepted
         # Handed out now: the last token decided before (drawn from `logprobs`) and the confirmed draft.
         emitted = [logprobs] + [all_logprobs[index] for index in range(accepted)]
-        return emitted, drawn[accepted : accepted + 1], all_logprobs[accepted]
+        return emitted, next_token, next_logprobs
+
+    def _decided_alone(self, fed: list[int], kept: int, saved: list[Any] | None) -> tuple[mx.array, mx.array]:
+        """The margin rule's fallback: the token after `fed[:kept]` decided by a one-token forward feeding `fed[kept - 1]`.
+
+        The cache is left holding `fed[:kept]`: the verify's forward is cut back to before that token
+        (recurrent layers: put back and the tokens before it fed again, without a decision).
+        """
+        if saved is not None:
+            restore_recurrent_state(self.cache, saved)
+            drop_last_tokens(self.cache, len(fed))
+            if kept > 1:
+                self.model(mx.array(fed[: kept - 1])[None], cache=self.cache)
+                self.stats.step()
+        else:
+            drop_last_tokens(self.cache, len(fed) - kept + 1)
+        self.stats.step()
+        self.stats.decided_alone()
+        next_token, next_logprobs = self._plain_step(mx.array(fed[kept - 1 : kept]))
+        mx.eval(next_token, next_logprobs)
+        return next_token, next_logprobs
 
     def _settle(self) -> None:
         """Leave the cache holding exactly the prompt and the tokens handed out (the prefix cache stores it)."""
