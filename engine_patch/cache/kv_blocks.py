@@ -46,10 +46,15 @@ class Block:
     token_ids: np.ndarray  # int32, end - start of them
     arrays: list[Any]
     nbytes: int
+    model: str | None = None  # the model whose KV it is (per_model.py): blocks of two models are never one
 
     @property
     def token_count(self) -> int:
         return self.end - self.start
+
+    @property
+    def store_key(self) -> tuple[str | None, str]:
+        return self.model, self.key
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,35 +148,37 @@ class BlockStore:
     """
 
     def __init__(self) -> None:
-        self._blocks: dict[str, Block] = {}
-        self._references: dict[str, int] = {}
+        # By (model, key): the key names the tokens (and is what the disk tier files a block by, in the model's
+        # folder); the same tokens' KV of another model is another block.
+        self._blocks: dict[tuple[str | None, str], Block] = {}
+        self._references: dict[tuple[str | None, str], int] = {}
         self.nbytes = 0
         self.tokens = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def get(self, key: str) -> Block | None:
-        return self._blocks.get(key)
+    def get(self, key: str, model: str | None = None) -> Block | None:
+        return self._blocks.get((model, key))
 
     def canonical(self, refs: list[BlockRef]) -> list[BlockRef]:
         """`refs` with each block the store holds under the same key replaced by the store's object."""
-        return [ref if self._blocks.get(ref.block.key, ref.block) is ref.block else BlockRef(self._blocks[ref.block.key], ref.used)
+        return [ref if self._blocks.get(ref.block.store_key, ref.block) is ref.block else BlockRef(self._blocks[ref.block.store_key], ref.used)
                 for ref in refs]
 
     def acquire(self, refs: Iterable[BlockRef]) -> None:
         for ref in refs:
             block = ref.block
-            if block.key not in self._blocks:
-                self._blocks[block.key] = block
-                self._references[block.key] = 0
+            if block.store_key not in self._blocks:
+                self._blocks[block.store_key] = block
+                self._references[block.store_key] = 0
                 self.nbytes += block.nbytes
                 self.tokens += block.token_count
-            self._references[block.key] += 1
+            self._references[block.store_key] += 1
 
     def release(self, refs: Iterable[BlockRef]) -> None:
         for ref in refs:
-            key = ref.block.key
+            key = ref.block.store_key
             self._references[key] -= 1
             if self._references[key] == 0:
                 block = self._blocks.pop(key)

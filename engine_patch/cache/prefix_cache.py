@@ -66,6 +66,7 @@ from .cache_layers import (
     state_nbytes,
 )
 from .kv_blocks import BLOCK_TOKENS, Block, BlockRef, BlockStore, block_keys, covering, new_segments, reusable_refs
+from .per_model import PerModel
 from .prefix_index import best_match, common_prefix_length, placement
 
 # Checkpoints one entry keeps at most (the heads new conversations and
@@ -105,6 +106,7 @@ class CachedPrefix:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     turns: int = 1  # requests of this lane so far: 1 + those of the entries it replaced
     hits: int = 0  # requests that restored from it
+    model: str | None = None  # the model whose state it is (`PrefixCache.model_key`); None: a caller naming none
 
     @property
     def checkpoint_positions(self) -> list[int]:
@@ -168,6 +170,19 @@ class PrefixCache:
     counters: CacheStats = field(default_factory=CacheStats)
     _next_key: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Each model object's key (held weakly): two models in one server never restore, share or replace each other's state.
+    _model_keys: PerModel[str] = field(default_factory=PerModel)
+
+    def model_key(self, model: Any) -> str | None:
+        """The key the cache files `model`'s state under: one per loaded model object (a reloaded model starts
+        cold in RAM; the disk tier, by the weights' digest, restores it). None for no model (a test of the cache alone)."""
+        if model is None:
+            return None
+        return self._model_keys.setdefault(model, lambda: f"{type(model).__name__}-{uuid.uuid4().hex[:12]}")
+
+    def _entries_of(self, model: str | None) -> list[tuple[int, CachedPrefix]]:
+        """The entries a request of `model` may restore, extend or replace (and those stored naming no model). Call under the lock."""
+        return [(key, entry) for key, entry in self.entries.items() if entry.model in (model, None)]
 
     @property
     def bytes_held(self) -> int:
@@ -184,8 +199,9 @@ class PrefixCache:
         prompt = np.asarray(prompt_tokens, dtype=np.int64)
         live = make_prompt_cache(model)
         positional = bool(positional_indices(live))
+        model_key = self.model_key(model)
         with self._lock:
-            match = best_match(self.entries.items(), prompt, positional)
+            match = best_match(self._entries_of(model_key), prompt, positional)
             if match.key is None:
                 self.counters.misses += 1
                 self.counters.tokens_prefilled += len(prompt)
@@ -203,11 +219,12 @@ class PrefixCache:
             self.counters.tokens_prefilled += len(prompt) - match.length
         return Fetched(prompt_cache, match.length, match.longest_common, inherited)
 
-    def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool) -> int:
-        """How many prompt tokens a fetch would reuse, without restoring anything."""
+    def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool, model: Any = None) -> int:
+        """How many prompt tokens a fetch by `model` would reuse, without restoring anything."""
         prompt = np.asarray(prompt_tokens, dtype=np.int64)
+        model_key = self.model_key(model)
         with self._lock:
-            return best_match(self.entries.items(), prompt, positional).length
+            return best_match(self._entries_of(model_key), prompt, positional).length
 
     # --- storing --------------------------------------------------------------------
 
@@ -217,8 +234,9 @@ class PrefixCache:
         prompt_cache: list[Any],
         prompt_length: int | None = None,
         checkpoints: list[Checkpoint] = (),
+        model: Any = None,
     ) -> None:
-        """Keep the state of `prompt_cache`, whose first tokens are `tokens`.
+        """Keep the state of `prompt_cache`, whose first tokens are `tokens`, computed by `model`.
 
         `prompt_length` says how many of `tokens` were prompt (the rest were
         generated); `checkpoints` are positional snapshots inside `tokens`. An
@@ -241,8 +259,9 @@ class PrefixCache:
         if held == 0:
             return
         new_tokens = np.asarray(tokens[:held], dtype=np.int64)
+        model_key = self.model_key(model)
         with self._lock:
-            dominated = self._dominated_by(new_tokens, [c.position for c in checkpoints if c.position <= held], bool(positional))
+            dominated = self._dominated_by(new_tokens, [c.position for c in checkpoints if c.position <= held], bool(positional), model_key)
         if dominated is None:
             return
         checkpoints = _kept(_unique(checkpoints + _inherited(dominated, new_tokens)), held)
@@ -258,30 +277,30 @@ class PrefixCache:
         else:
             layers, _ = snapshot(prompt_cache, positional)
         prompt_part = length if prompt_length is None else min(prompt_length, length)
-        new_entry = CachedPrefix(new_tokens[:length], self._blocks_of(new_tokens[:length], prompt_cache), layers,
+        new_entry = CachedPrefix(new_tokens[:length], self._blocks_of(new_tokens[:length], prompt_cache, model_key), layers,
                                  own_nbytes(layers, checkpoints), prompt_part, checkpoints,
-                                 turns=1 + max((entry.turns for entry in dominated), default=0))
+                                 turns=1 + max((entry.turns for entry in dominated), default=0), model=model_key)
         if footprint(new_entry) > self.budget_bytes:
             return  # a block it shares holds more than it uses
         self._insert(new_entry, dominated)
         with self._lock:
             self.counters.stores += 1
 
-    def _blocks_of(self, tokens: np.ndarray, prompt_cache: list[Any]) -> list[BlockRef]:
-        """The lane's blocks: those of the lane sharing the longest prefix with it (inside that prefix),
+    def _blocks_of(self, tokens: np.ndarray, prompt_cache: list[Any], model: str | None) -> list[BlockRef]:
+        """The lane's blocks: those of the model's lane sharing the longest prefix with it (inside that prefix),
         then blocks of its own tokens, copied from `prompt_cache` unless the store holds them already."""
         with self._lock:
-            source, common = max(((entry, common_prefix_length(entry.tokens, tokens)) for entry in self.entries.values()),
-                                 key=lambda found: found[1], default=(None, 0))
+            source, common = max(((entry, common_prefix_length(entry.tokens, tokens)) for _, entry in self._entries_of(model)
+                                  if entry.model == model), key=lambda found: found[1], default=(None, 0))
             refs = reusable_refs(source.blocks, common) if source is not None else []
             segments = new_segments(refs[-1].end if refs else 0, len(tokens), self.block_tokens)
             keys = block_keys(tokens, segments)
-            held = [self.blocks.get(key) for key in keys]
+            held = [self.blocks.get(key, model) for key in keys]
         copied = []
         for (start, end), key, block in zip(segments, keys, held):
             if block is None:
                 arrays, nbytes = copy_block(prompt_cache, start, end)
-                block = Block(key, start, end, np.asarray(tokens[start:end], dtype=np.int32), arrays, nbytes)
+                block = Block(key, start, end, np.asarray(tokens[start:end], dtype=np.int32), arrays, nbytes, model)
                 copied.append(block)
             refs.append(BlockRef(block, end - start))
         eval_blocks([block.arrays for block in copied])
@@ -295,9 +314,9 @@ class PrefixCache:
         larger than the whole budget keeps the longest restorable prefix that fits.
         """
         with self._lock:
-            entry = _sharing_checkpoints_with(entry, self.entries.values())
+            entry = _sharing_checkpoints_with(entry, [held for _, held in self._entries_of(entry.model) if held.model == entry.model])
             entry.blocks = self.blocks.canonical(entry.blocks)
-            dominated = self._dominated_by(entry.tokens, entry.checkpoint_positions, entry.positional)
+            dominated = self._dominated_by(entry.tokens, entry.checkpoint_positions, entry.positional, entry.model)
         if dominated is None:
             return
         entry.checkpoints = _kept(_unique(entry.checkpoints + _inherited(dominated, entry.tokens)), len(entry.tokens))
@@ -310,10 +329,10 @@ class PrefixCache:
             self.counters.trimmed_to_fit += 1
         self._insert(entry, dominated)
 
-    def _dominated_by(self, tokens: np.ndarray, checkpoint_positions: list[int], positional: bool) -> list[CachedPrefix] | None:
-        """The entries a new state of `tokens` replaces; None if an entry already restores all it would.
+    def _dominated_by(self, tokens: np.ndarray, checkpoint_positions: list[int], positional: bool, model: str | None) -> list[CachedPrefix] | None:
+        """The entries of `model` a new state of `tokens` replaces; None if one already restores all it would.
         Call under the lock."""
-        found = placement(self.entries.items(), tokens, checkpoint_positions, positional)
+        found = placement([(key, entry) for key, entry in self.entries.items() if entry.model == model], tokens, checkpoint_positions, positional)
         if found.held_by is not None:
             self.entries.move_to_end(found.held_by)
             return None
@@ -367,15 +386,17 @@ class PrefixCache:
         with self._lock:
             return next(reversed(self.entries.values()), None)
 
-    def held_blocks(self, keys: Iterable[str]) -> dict[str, Block]:
-        """The blocks of `keys` RAM holds (a disk load reads only the others)."""
+    def held_blocks(self, keys: Iterable[str], model: Any = None) -> dict[str, Block]:
+        """The blocks of `keys` RAM holds for `model` (a disk load reads only the others)."""
+        model_key = self.model_key(model)
         with self._lock:
-            return {key: block for key in keys if (block := self.blocks.get(key)) is not None}
+            return {key: block for key in keys if (block := self.blocks.get(key, model_key)) is not None}
 
-    def held_checkpoints(self) -> dict[str, Checkpoint]:
-        """Every checkpoint RAM holds, by key (a disk load reads only the others)."""
+    def held_checkpoints(self, model: Any = None) -> dict[str, Checkpoint]:
+        """Every checkpoint RAM holds for `model`, by key (a disk load reads only the others)."""
+        model_key = self.model_key(model)
         with self._lock:
-            return {c.key: c for entry in self.entries.values() for c in entry.checkpoints}
+            return {c.key: c for entry in self.entries.values() if entry.model == model_key for c in entry.checkpoints}
 
     def record_fallback(self, reason: str) -> None:
         with self._lock:
@@ -426,11 +447,11 @@ def truncated(entry: CachedPrefix, length: int) -> CachedPrefix:
     if last.used < last.block.token_count:
         key = block_keys(entry.tokens[:length], [(last.start, length)])[0]
         arrays, nbytes = block_prefix(last.block.arrays, last.used)
-        refs[-1] = BlockRef(Block(key, last.start, length, last.block.token_ids[: last.used].copy(), arrays, nbytes), last.used)
+        refs[-1] = BlockRef(Block(key, last.start, length, last.block.token_ids[: last.used].copy(), arrays, nbytes, entry.model), last.used)
     layers = list(_positional_state_at(entry, length))
     checkpoints = [c for c in entry.checkpoints if c.position <= length]
     return CachedPrefix(entry.tokens[:length], refs, layers, own_nbytes(layers, checkpoints), min(entry.prompt_length, length),
-                        checkpoints, entry.turns, entry.hits)
+                        checkpoints, entry.turns, entry.hits, entry.model)
 
 
 def _fitting_entry_length(entry: CachedPrefix, budget: int) -> int:
@@ -472,7 +493,7 @@ def _sharing_checkpoints_with(entry: CachedPrefix, held: Iterable[CachedPrefix])
                     layers[index] = replaced[id(checkpoint)].layers[index]
     checkpoints = [replaced.get(id(c), c) for c in entry.checkpoints]
     return CachedPrefix(entry.tokens, entry.blocks, layers, own_nbytes(layers, checkpoints), entry.prompt_length, checkpoints,
-                        entry.turns, entry.hits)
+                        entry.turns, entry.hits, entry.model)
 
 
 def own_nbytes(layers: list[Any], checkpoints: list[Checkpoint]) -> int:

@@ -29,6 +29,7 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from .cache_layers import UnsupportedCache, check_snapshot_support, positional_indices, snapshot
+from .per_model import PerModel
 from .prefix_cache import Checkpoint, Fetched, PrefixCache
 from .prefix_index import common_prefix_length
 from .prompt_boundaries import checkpoint_positions, generation_prompt_start, message_start_ids
@@ -51,6 +52,7 @@ class RequestPlan:
     checkpoint_at: list[int] = field(default_factory=list)
     head_length: int | None = None
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    model: Any = field(default=None, repr=False)  # whose state it is: stored under that model (for the request's life only)
 
     @property
     def reused(self) -> int:
@@ -70,10 +72,9 @@ class PrefixPlanner:
 
     def __init__(self, cache: PrefixCache):
         self.cache = cache
-        # Per model object: why its cache cannot be snapshotted, or None.
-        self._unsupported: dict[int, str | None] = {}
-        # Per model object: whether it has positional layers to checkpoint.
-        self._positional: dict[int, bool] = {}
+        # Per model object (held weakly: cache/per_model.py): why its cache cannot be snapshotted (None: it can),
+        # and whether it has positional layers to checkpoint.
+        self._support: PerModel[tuple[str | None, bool]] = PerModel()
         # Requests that went uncached on purpose, by reason.
         self.bypassed: dict[str, int] = {}
         # Recently seen chat heads (text -> token ids), least recent first.
@@ -81,22 +82,23 @@ class PrefixPlanner:
 
     def supports(self, model: Any) -> bool:
         """Whether this model's cache can be snapshotted (decided once per model, logged if not)."""
-        if id(model) not in self._unsupported:
-            self._unsupported[id(model)] = None
-            try:
-                prompt_cache = make_prompt_cache(model)
-                check_snapshot_support(prompt_cache)
-                self._positional[id(model)] = bool(positional_indices(prompt_cache))
-            except UnsupportedCache as reason:
-                self._unsupported[id(model)] = str(reason)
-                logger.warning("prefix cache disabled for %s: %s", type(model).__name__, reason)
-        return self._unsupported[id(model)] is None
+        return self._support.setdefault(model, lambda: self._check(model))[0] is None
+
+    @staticmethod
+    def _check(model: Any) -> tuple[str | None, bool]:
+        try:
+            prompt_cache = make_prompt_cache(model)
+            check_snapshot_support(prompt_cache)
+            return None, bool(positional_indices(prompt_cache))
+        except UnsupportedCache as reason:
+            logger.warning("prefix cache disabled for %s: %s", type(model).__name__, reason)
+            return str(reason), False
 
     def is_positional(self, model: Any) -> bool:
-        return self.supports(model) and self._positional[id(model)]
+        return self.supports(model) and self._support.get(model)[1]
 
     def unsupported_reasons(self) -> list[str]:
-        return [reason for reason in self._unsupported.values() if reason]
+        return [reason for reason, _ in self._support.values() if reason]
 
     def bypass(self, reason: str) -> None:
         """Count a request that runs uncached on purpose."""
@@ -114,13 +116,13 @@ class PrefixPlanner:
             "HIT" if fetched.reused else "MISS", len(tokens), fetched.reused, len(tokens) - fetched.reused,
         )
         if not self.is_positional(model):
-            return RequestPlan(tokens, fetched, prompt_length=len(tokens))
+            return RequestPlan(tokens, fetched, prompt_length=len(tokens), model=model)
         start_ids = message_start_ids(tokenizer)
         head_length = self._head_length(tokenizer, tokens, head_text)
         positions = checkpoint_positions(tokens, start_ids, after=fetched.reused, head_length=head_length, diverges_at=fetched.common_prefix)
         # The next turn repeats the prompt up to its generation prompt (not its
         # thinking tail): an entry is superseded once another repeats that.
-        return RequestPlan(tokens, fetched, generation_prompt_start(tokens, start_ids), positions, head_length)
+        return RequestPlan(tokens, fetched, generation_prompt_start(tokens, start_ids), positions, head_length, model=model)
 
     def checkpoint(self, plan: RequestPlan, prompt_cache: list[Any], position: int) -> None:
         """Snapshot the positional layers of `prompt_cache`, which holds exactly the first `position` tokens."""
@@ -130,7 +132,8 @@ class PrefixPlanner:
     def finish(self, plan: RequestPlan, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None) -> None:
         """Keep `prompt_cache`, the state of `tokens` (the prompt and what was generated), with the plan's checkpoints."""
         try:
-            self.cache.store(tokens, prompt_cache, plan.prompt_length if prompt_length is None else prompt_length, plan.checkpoints_up_to(len(tokens)))
+            self.cache.store(tokens, prompt_cache, plan.prompt_length if prompt_length is None else prompt_length, plan.checkpoints_up_to(len(tokens)),
+                             model=plan.model)
         except Exception as error:  # the answer is already out; only reuse is lost
             self.fallback("snapshot", error, "nothing stored for this request")
 

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.engine_patch.cache.kv_blocks import Block
+from stable_prefix.engine_patch.cache.per_model import PerModel
 from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint
 from stable_prefix.engine_patch.cache.prefix_index import Match, best_match, placement, repeats_prompt_of
 
@@ -166,9 +167,8 @@ class DiskTier:
         self.files = SnapshotDirectory(self.directory, self.budget_bytes, self.free_space)
         self.directory = self.files.path
         self._lock = threading.Condition()
-        # By id(model), holding the model: a freed model's address may be reused by
-        # another, which must never inherit its identity.
-        self._identities: dict[int, tuple[Any, Future]] = {}
+        # Per model object, held weakly (an unloaded model must be freed: cache/per_model.py).
+        self._identities: PerModel[Future] = PerModel()
         # Every manifest read so far, by path (manifests are never rewritten); None: unreadable.
         self._records: dict[Path, LaneRecord | None] = {}
         # This server's lanes with their token ids, once whole; and as the latest lookup found them.
@@ -201,7 +201,7 @@ class DiskTier:
         looked up and written once that is done."""
         loaded = loaded_model_description(model)
         identity: Future = Future()
-        self._identities[id(model)] = (model, identity)
+        self._identities.set(model, identity)
         threading.Thread(target=lambda: identity.set_result(self._identify_model(Path(model_dir), loaded)),
                          name="kv-disk-identity", daemon=True).start()
 
@@ -229,7 +229,7 @@ class DiskTier:
         """Use `identity` for `model` (a caller that knows it already: the restore benchmark)."""
         known: Future = Future()
         known.set_result(identity)
-        self._identities[id(model)] = (model, known)
+        self._identities.set(model, known)
         self.learn_what_is_on_disk(self.files.folder(identity))
 
     def identity_for(self, model: Any, wait: float | None = 0) -> ModelIdentity | None:
@@ -241,10 +241,10 @@ class DiskTier:
         return None
 
     def _identity_future(self, model: Any) -> Future | None:
-        return self._identities.get(id(model), (None, None))[1]
+        return self._identities.get(model)
 
     def _identity_futures(self) -> list[Future]:
-        return [future for _, future in list(self._identities.values())]
+        return list(self._identities.values())
 
     def _known_identities(self) -> list[ModelIdentity]:
         return [future.result() for future in self._identity_futures() if future.done() and future.result()]

@@ -13,10 +13,18 @@ does not hold yet.
 
 A disk fault never reaches the request: the disk tier counts and logs it and
 the request takes what RAM has.
+
+Every call names the model: RAM files each model's entries and blocks apart
+(`PrefixCache.model_key`), the disk tier each model's lanes in the folder of its
+weights' digest, and a store goes to the folder of the model that computed it,
+whichever model the last request used (several models in one server:
+`--models-config`).
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any
 
 import numpy as np
@@ -32,12 +40,12 @@ class TieredCache:
     def __init__(self, ram: PrefixCache, disk: DiskTier | None = None):
         self.ram = ram
         self.disk = disk
-        # SimpleEngine runs one request at a time on one thread: the model of the
-        # request being served is the one its `store` belongs to.
-        self._model: Any = None
+        # A caller that stores naming no model (one model per cache: the benches, tests of the tiers) means the
+        # one it fetched for last; held weakly. The engines name the model on every call.
+        self._last_fetched: weakref.ref | None = None
 
     def fetch(self, model: Any, prompt_tokens: list[int]) -> Fetched:
-        self._model = model
+        self._last_fetched = weakref.ref(model)
         ram_reuse = self._load_if_longer(model, prompt_tokens) if self.disk is not None else None
         fetched = self.ram.fetch(model, prompt_tokens)
         if ram_reuse is not None and fetched.reused > ram_reuse:
@@ -56,29 +64,37 @@ class TieredCache:
         except Exception as error:
             self.disk.count_error("looking up the disk index", error)
             return None
-        ram_reuse = self.ram.restorable_prefix(prompt, positional)
+        ram_reuse = self.ram.restorable_prefix(prompt, positional, model)
         if match is None or match.length <= ram_reuse:
             return None
-        loaded = self.disk.load(match, self.ram.held_blocks, self.ram.held_checkpoints())
+        loaded = self.disk.load(match, functools.partial(self.ram.held_blocks, model=model), self.ram.held_checkpoints(model))
         if loaded is None:
             return None
+        loaded.entry.model = self.ram.model_key(model)
+        for ref in loaded.entry.blocks:
+            ref.block.model = loaded.entry.model  # those read from disk (RAM's own are this model's already)
         self.ram.admit(loaded.entry)
         return ram_reuse
 
-    def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool) -> int:
-        """How many prompt tokens RAM would restore now (the disk's entries reach RAM when a request loads them)."""
-        return self.ram.restorable_prefix(prompt_tokens, positional)
+    def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool, model: Any = None) -> int:
+        """How many prompt tokens RAM would restore now for `model` (the disk's entries reach RAM when a request loads them)."""
+        return self.ram.restorable_prefix(prompt_tokens, positional, self._named(model))
 
-    def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None, checkpoints: list[Checkpoint] = ()) -> None:
+    def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None, checkpoints: list[Checkpoint] = (),
+              model: Any = None) -> None:
+        model = self._named(model)
         stores = self.ram.counters.stores
-        self.ram.store(tokens, prompt_cache, prompt_length, checkpoints)
-        if self.disk is None or self._model is None or self.ram.counters.stores == stores:
+        self.ram.store(tokens, prompt_cache, prompt_length, checkpoints, model)
+        if self.disk is None or model is None or self.ram.counters.stores == stores:
             return
         entry = self.ram.newest_entry()
         try:
-            self.disk.submit(self._model, entry)
+            self.disk.submit(model, entry)
         except Exception as error:
             self.disk.count_error("queueing a snapshot for the disk", error)
+
+    def _named(self, model: Any) -> Any:
+        return self._last_fetched() if model is None and self._last_fetched is not None else model
 
     def record_fallback(self, reason: str) -> None:
         self.ram.record_fallback(reason)

@@ -42,7 +42,6 @@ import dataclasses
 import functools
 import logging
 import uuid
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -182,7 +181,7 @@ class ServedScheduler:
         positional = self.planner.is_positional(self.model)
         if source_for(candidates, tokens, 0, positional) is None:
             return False
-        match = source_for(candidates, tokens, self.planner.cache.restorable_prefix(tokens, positional), positional)
+        match = source_for(candidates, tokens, self.planner.cache.restorable_prefix(tokens, positional, self.model), positional)
         if match is None:
             return False
         prefill, shared = match
@@ -318,7 +317,7 @@ class BatchedEngineSeams:
         self.drafting = drafting
         # request id -> the context the request was submitted in (event loop side)
         self.contexts: dict[str, contextvars.Context] = {}
-        self.served: weakref.WeakKeyDictionary[Any, ServedScheduler] = weakref.WeakKeyDictionary()
+        self.served = ServedSchedulers()
 
     def install(self) -> list[str]:
         from vllm_mlx import engine_core, scheduler
@@ -434,6 +433,28 @@ class BatchedEngineSeams:
     def _serves(self, engine: Any) -> bool:
         scheduler = getattr(getattr(getattr(engine, "_engine", None), "engine", None), "scheduler", None)
         return scheduler is not None and scheduler in self.served
+
+
+class ServedSchedulers:
+    """Which schedulers ours serves: each one's ServedScheduler kept on the scheduler itself.
+
+    A ServedScheduler holds its scheduler (and so the model); kept in a table of ours, even a
+    WeakKeyDictionary (whose values are strong), it would keep every scheduler and model ever
+    loaded alive, so vllm-mlx's unloads (`--auto-unload-idle-seconds`, `--lazy-load-model`)
+    would free nothing. On the scheduler, the two form a cycle the garbage collector frees
+    with the engine.
+    """
+
+    ATTRIBUTE = "_stable_prefix_served"
+
+    def get(self, scheduler: Any) -> ServedScheduler | None:
+        return getattr(scheduler, self.ATTRIBUTE, None)
+
+    def __setitem__(self, scheduler: Any, served: ServedScheduler) -> None:
+        setattr(scheduler, self.ATTRIBUTE, served)
+
+    def __contains__(self, scheduler: Any) -> bool:
+        return self.get(scheduler) is not None
 
 
 def full_prompt(prompt: list[int]) -> list[int]:
