@@ -227,18 +227,21 @@ def check_ports(ports: dict[str, int]) -> None:
 
 def proxy_command(options: StackOptions, engine_url: str, session_dir: Path) -> list[str]:
     settings: dict[str, object] = {"upstream_model": options.model_name, "max_tokens_cap": options.max_tokens}
-    if not options.upstream:  # the server's settings, but the user's `--set` of the same name: mitmdump refuses a name set twice
-        user_set = {option.split("=", 1)[0] for option in options.proxy_options}
-        settings.update({name: value for name, value in SERVERS[options.server].proxy_settings(options).items() if name not in user_set})
+    if not options.upstream:
+        settings.update(SERVERS[options.server].proxy_settings(options))
     if options.capture:
         settings.update(capture_dir=session_dir.parent, capture_session=session_dir.name)
     if options.web:
         settings.update(web_host=LOOPBACK, web_port=options.web_port, web_open_browser="false")
+    # Each name once, its last value (ours, the team options, then the user's `--set`): mitmdump ignores a whole script,
+    # silently, when one of its options is set twice on its command line.
+    last = {option.split("=", 1)[0]: option for option in options.proxy_options}
+    settings = {name: value for name, value in settings.items() if name not in last}
     scripts = PROXY_SCRIPTS if options.capture else [script for script in PROXY_SCRIPTS if script != CAPTURE_SCRIPT]
     command = mitmdump_command(scripts, engine_url, options.port, settings, program="mitmweb" if options.web else "mitmdump")
     if options.web:  # a list option: one --set per item
         command += [part for column in WEB_COLUMNS for part in ("--set", f"web_columns={column}")]
-    for option in options.proxy_options:
+    for option in last.values():
         command += ["--set", option]
     return command
 

