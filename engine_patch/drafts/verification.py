@@ -33,7 +33,8 @@ decides that token with a one-token forward, as decoding without drafts does.
 The bound is `MARGIN_FACTOR` times the largest difference measured between a
 verify's log-probabilities and one-token steps' over the same tokens
 (`bench/probes/verify_error.py`: every family's tiny model cast to each
-dtype, on the CPU; docs/engine.md has the table), per dtype. What this leaves: where a forward
+dtype and SmolLM2-135M's real weights, on the CPU; docs/engine.md has the
+table), per dtype. What this leaves: where a forward
 of k tokens writes the cache other than k forwards of one do in the last bits,
 later one-token steps read that cache (docs/engine.md, "Exact", says where
 that was measured and what it means). Sampled rows are exact in distribution
