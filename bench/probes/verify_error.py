@@ -17,7 +17,9 @@ model and dtype, in-process with mlx-lm:
 The bound in verification.py (MEASURED_ERROR) is the largest `verify` over these
 runs, per dtype.
 
-    python -m stable_prefix.bench.probes.verify_error build/tiny-model-test build/tiny-nemotron_h build/smollm2-135m
+    python -m stable_prefix.bench.probes.verify_error build/tiny-model-test build/tiny-nemotron_h build/tiny-gemma3_text
+    python -m stable_prefix.bench.probes.verify_error build/smollm2-135m --dtypes float32   # as loaded; cast to float16 its
+                                                                                              # quantized layers run ~40x slower here
 """
 
 from __future__ import annotations
