@@ -303,7 +303,7 @@ def test_engine_flags_the_launcher_owns_are_refused(tmp_path):
     result = subprocess.run([str(VENV_BIN / "stable-prefix"), "up", "model", "--", "--host", "0.0.0.0"],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2
-    assert "--host: set by `stable-prefix up` itself (the engine listens on 127.0.0.1)" in result.stderr
+    assert "--host: set by `stable-prefix up` itself (the vllm-mlx server listens on 127.0.0.1)" in result.stderr
 
 
 # --- the live line ------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def test_a_codex_request_reaches_the_engine_with_the_served_model_name(addon):
 
 def test_the_script_file_normalizes_a_responses_request():
     with taddons.context() as tctx:
-        script_addon, _stream_recovery = tctx.script(str(SCRIPT)).addons
+        script_addon, _llama_slots, _stream_recovery = tctx.script(str(SCRIPT)).addons
         tctx.options.update(upstream_model="tiny", max_tokens_cap=64)
         script_addon.configure({"upstream_model", "max_tokens_cap"})
         flow = responses_flow({"model": "gpt-5.4", "input": "hi", "max_output_tokens": 100000})
