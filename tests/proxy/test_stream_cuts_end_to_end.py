@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 
 import openai
 import pytest
@@ -46,7 +47,10 @@ def test_a_replica_dying_inside_an_event_leaves_the_openai_sdk_one_whole_complet
             chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Read the file."}], max_tokens=100,
                                                          stream=True, stream_options={"include_usage": True},
                                                          extra_headers={"x-test-cut-at-byte": str(cut)}))
-            log = proxy.log_text()
+            # The completion's log line may follow the body's end by a moment: wait for it, bounded.
+            deadline = time.monotonic() + 30
+            while RECOVERED_NOTE not in (log := proxy.log_text()) and time.monotonic() < deadline:
+                time.sleep(0.2)
     uncut = answer_of_chat(UNCUT)
     content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     arguments = "".join(call.function.arguments or "" for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or [])
