@@ -9,6 +9,9 @@ import pytest
 from stable_prefix.agents import claude_agent_sdk, claude_code, claude_code_router, codex_cli, opencode, pi, qwen_code
 from stable_prefix.agents.npm_package import AgentUnavailable
 
+# The suite's time against its budget, printed at the end of every run (docs/testing.md).
+pytest_plugins = ["tests.support.suite_budget"]
+
 # Servers started by tests keep their KV snapshots in RAM only: no test reads or
 # writes the user's ~/.cache, and no snapshot carries from one test's server to
 # the next. Tests of the disk tier turn it on with a directory of their own.
