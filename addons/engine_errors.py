@@ -17,9 +17,10 @@ The proxy keeps serving: the next request is forwarded as usual.
 
 mitmproxy has no hook for this: after the `error` hook it hands the failure
 to its HTTP/1 server side (`Http1Server.send`, a `ResponseProtocolError`),
-which writes the page or closes. `install()` wraps that one method (mitmproxy
-is pinned; the wrapper checks the names it relies on) and changes only
-failures on the API paths below, while `answer_engine_failures` is on.
+which writes the page or closes. The addon (`EngineErrors`) registers a
+handler on that seam (`client_writes.py`, after the stream recovery) that
+changes only failures on the API paths below, while `answer_engine_failures`
+is on.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http import http1
 from mitmproxy.proxy import commands
-from mitmproxy.proxy.layers.http import ResponseProtocolError
+from mitmproxy.proxy.layers.http import HttpEvent, ResponseProtocolError
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
+from stable_prefix.addons import client_writes
 from stable_prefix.addons.sse_events import format_event
 
 logger = logging.getLogger(__name__)
@@ -108,34 +110,39 @@ def answer(request: http.Request | None, response: http.Response | None, status:
     return broken_off(request, response, protocol, reason)
 
 
-def declare_option(loader) -> None:
-    loader.add_option(
-        OPTION, bool, True,
-        "When the engine cannot be reached, answer with a 502 JSON error in the request's protocol; when it breaks off "
-        "a streamed answer, end the stream with the protocol's SSE error event (mitmproxy: an HTML page, a cut stream).",
-    )
-
-
 def _enabled() -> bool:
     return bool(getattr(ctx.options, OPTION, False))
 
 
-def install() -> None:
-    """Wrap `Http1Server.send` once per process (mitmproxy loads a script again when it changes)."""
-    original = Http1Server.send
-    if getattr(original, "answers_engine_failures", False):
-        return
+def answer_failure(server: Http1Server, event: HttpEvent, rest: client_writes.Send) -> commands.CommandGenerator[None] | None:
+    """The seam's handler: the protocol's error for a failed forward on an API path; None leaves it to mitmproxy."""
+    if not (isinstance(event, ResponseProtocolError) and server.conn.state & ConnectionState.CAN_WRITE and _enabled()):
+        return None
+    found = answer(server.request, server.response, event.code.http_status_code(), event.message)
+    return None if found is None else _write_answer(server, *found)
 
-    def send(self, event):
-        if isinstance(event, ResponseProtocolError) and self.conn.state & ConnectionState.CAN_WRITE and _enabled():
-            found = answer(self.request, self.response, event.code.http_status_code(), event.message)
-            if found is not None:
-                data, note = found
-                logger.warning(f"{self.request.method} {self.request.path}: {note}")
-                yield commands.SendData(self.conn, data)
-                yield commands.CloseConnection(self.conn)
-                return
-        yield from original(self, event)
 
-    send.answers_engine_failures = True
-    Http1Server.send = send
+def _write_answer(server: Http1Server, data: bytes, note: str) -> commands.CommandGenerator[None]:
+    logger.warning(f"{server.request.method} {server.request.path}: {note}")
+    yield commands.SendData(server.conn, data)
+    yield commands.CloseConnection(server.conn)
+
+
+class EngineErrors:
+    """The addon: declares `answer_engine_failures` and answers on the client-writes seam."""
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            OPTION, bool, True,
+            "When the engine cannot be reached, answer with a 502 JSON error in the request's protocol; when it breaks off "
+            "a streamed answer, end the stream with the protocol's SSE error event (mitmproxy: an HTML page, a cut stream).",
+        )
+        client_writes.register("engine_errors", answer_failure)
+
+    def configure(self, updated) -> None:
+        if getattr(ctx.options, OPTION) and getattr(ctx.options, "connection_strategy", None) == "eager":
+            # Eagerly, a client that connects while the engine is down is cut off before it sends a request,
+            # so there is nothing to answer; lazily, the request comes first and gets its 502. Set here, before
+            # the proxy listens (in `running` a client could connect while it was still eager).
+            ctx.options.update(connection_strategy="lazy")
+            logger.info(f"connection_strategy=lazy: a request while the engine is down gets an answer ({OPTION})")

@@ -50,8 +50,8 @@ makes it a cut like any other; a recovery's own reads wait no longer either.
 
 The seam: mitmproxy has no hook for a broken-off stream, only the `error`
 hook after the fact, and the client's side is written by its HTTP/1 server
-layer (`Http1Server.send`, which `engine_errors.install` wraps already).
-`install()` wraps it once more: for a stream this addon follows, instead of
+layer (`Http1Server.send`; the seam over it is `client_writes.py`). This
+addon's handler comes first there: for a stream this addon follows, instead of
 the error it runs the recovery there, one upstream read at a time through a
 blocking hook of its own (`StreamRecoveryStepHook`, answered by
 `StreamRecovery.stream_recovery_step`, async: only this client's connection
@@ -86,6 +86,7 @@ from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers.http import ErrorCode, ResponseData, ResponseEndOfMessage, ResponseProtocolError
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
+from stable_prefix.addons import client_writes
 from stable_prefix.addons.chat_splice import Delivered, Diverged, Splice, continuation_request, count_request, prompt_tokens_of
 from stable_prefix.addons.engine_errors import protocol_of
 from stable_prefix.addons.lanes import agent_of
@@ -641,23 +642,11 @@ def _count(counter: dict[str, int], key: str) -> None:
     counter[key] = counter.get(key, 0) + 1
 
 
-def install() -> None:
-    """Wrap `Http1Server.send` once per process, outside `engine_errors`' wrapper (which answers what is not recovered)."""
-    previous = Http1Server.send
-    if getattr(previous, "recovers_streams", False):
-        return
-
-    def send(self, event):
-        followed = _recovers(self, event)
-        if followed is None:
-            yield from previous(self, event)
-            return
-        yield from _recover(self, event, followed, previous)
-
-    send.recovers_streams = True
-    # engine_errors' own once-per-process check reads the outermost wrapper.
-    send.answers_engine_failures = getattr(previous, "answers_engine_failures", False)
-    Http1Server.send = send
+def complete_broken_stream(server: Http1Server, event, rest: client_writes.Send) -> commands.CommandGenerator[None] | None:
+    """The seam's handler: the recovery of a followed stream this failure broke off; None leaves the event to the next
+    handler (`engine_errors`), through which the recovery also writes (`rest`)."""
+    followed = _recovers(server, event)
+    return None if followed is None else _recover(server, event, followed, rest)
 
 
 # --- a frozen upstream -----------------------------------------------------------------------------------
@@ -703,7 +692,7 @@ class StreamRecovery:
 
     def load(self, loader) -> None:
         declare_option(loader)
-        install()
+        client_writes.register("stream_recovery", complete_broken_stream)
 
     def configure(self, updated) -> None:
         if OPTION in updated:

@@ -119,10 +119,8 @@ class StripBilling:
             "What the routing key names: head (system, tools and leading context: all lanes of a user, project and day "
             "that share a head, a fan-out's instances together) or lane (each subagent instance a key of its own).",
         )
-        engine_errors.declare_option(loader)
         forward_proxy.declare_option(loader)
         exposure.declare_option(loader)
-        engine_errors.install()
 
     def configure(self, updated) -> None:
         self.rules = rules_from_options(ctx.options)
@@ -131,12 +129,6 @@ class StripBilling:
         self.routing_headers = routing_headers_from_option(ctx.options.lane_routing_header)
         if ctx.options.routing_key_scope not in ROUTING_KEY_SCOPES:
             raise exceptions.OptionsError(f"routing_key_scope={ctx.options.routing_key_scope!r}: not one of {', '.join(ROUTING_KEY_SCOPES)}")
-        if getattr(ctx.options, engine_errors.OPTION) and getattr(ctx.options, "connection_strategy", None) == "eager":
-            # Eagerly, a client that connects while the engine is down is cut off before it sends a request,
-            # so there is nothing to answer; lazily, the request comes first and gets its 502. Set here, before
-            # the proxy listens (in `running` a client could connect while it was still eager).
-            ctx.options.update(connection_strategy="lazy")
-            logger.info(f"connection_strategy=lazy: a request while the engine is down gets an answer ({engine_errors.OPTION})")
 
     def running(self) -> None:
         exposure.warn_if_exposed(ctx.options)
@@ -233,4 +225,4 @@ class StripBilling:
 
 # StreamRecovery after StripBilling: it follows the streams StripBilling turned on, and wraps what engine_errors installs.
 # LlamaSlots after StripBilling: it pins the body StripBilling normalized (off unless llama_slots is set).
-addons = [StripBilling(), LlamaSlots(), StreamRecovery()]
+addons = [StripBilling(), LlamaSlots(), StreamRecovery(), engine_errors.EngineErrors()]

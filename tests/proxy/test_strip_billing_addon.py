@@ -311,7 +311,7 @@ def test_a_request_the_upstream_never_answered_is_diagnosed_too(addon):
 def test_the_script_file_loads_as_mitmdump_loads_it():
     with taddons.context() as tctx:
         script = tctx.script(str(SCRIPT))
-        addon, slots, recovery = script.addons  # the rules, llama.cpp's slot lanes and the stream recovery, in that order
+        addon, slots, recovery, _errors = script.addons  # the rules, llama.cpp's slot lanes, the stream recovery, the error answers
         assert script.__name__.startswith("__mitmproxy_script__") and type(addon).__name__ == "StripBilling"
         assert type(slots).__name__ == "LlamaSlots"
         assert type(recovery).__name__ == "StreamRecovery"
