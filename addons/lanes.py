@@ -18,7 +18,8 @@ and its break shows. A subagent instance (instances of one type run
 concurrently) gets a lane of its own, `<type lane>@<instance>`, grouped under
 its type's lane for reporting.
 
-Each agent says who it is in its own way (`AGENTS`, told apart by User-Agent):
+Each agent says who it is in its own way (`AGENTS`, told apart by User-Agent; the facts are each agent's
+record's `lanes`, `stable_prefix/agents/<agent>.py`):
   Claude Code  starts subagents with `Task`/`Agent`; a subagent's requests
                carry `x-claude-code-agent-id` (the instance), every request
                `x-claude-code-session-id` (the conversation). With
@@ -87,11 +88,14 @@ from stable_prefix.addons.request_shape import Api, conversation, system_texts, 
 from stable_prefix.addons.rules.billing_header import is_billing_line
 from stable_prefix.addons.rules.loaded_tools import deferred_tool_names
 from stable_prefix.addons.rules.system_messages import late_tool_names
+from stable_prefix.agents import claude_code, roster
+from stable_prefix.agents.base import CodingAgent
 
 OPENING_CHARS = 256
 INSTANCE_CHARS = 8
-AGENT_ID_HEADER = "x-claude-code-agent-id"
-SESSION_ID_HEADER = "x-claude-code-session-id"
+# Claude Code's ids (its record's lane facts): the subagent instance, the conversation.
+AGENT_ID_HEADER = claude_code.AGENT_ID_HEADER
+SESSION_ID_HEADER = claude_code.SESSION_ID_HEADER
 # What Claude Code 2.1.332 says of a request beyond its ids (the module docstring says when).
 PARENT_AGENT_ID_HEADER = "x-claude-code-parent-agent-id"
 AGENT_TYPE_HEADER = "x-claude-code-agent-type"
@@ -105,51 +109,15 @@ FORK_AGENT_TYPE = "fork"
 _NAME_WORD = re.compile(r"[A-Za-z0-9_.:-]{1,40}")
 
 
-@dataclass(frozen=True)
-class Agent:
-    """How one coding agent's requests name their conversation and subagents, and how it takes a cut stream."""
-
-    name: str
-    user_agent: str  # how its User-Agent header starts
-    subagent_tools: frozenset[str]  # the tools its main agent starts subagents with
-    session_header: str | None = None  # names the main agent's conversation
-    subagent_header: str | None = None  # present on a subagent's requests only
-    instance_header: str | None = None  # names the subagent instance
-    instance_by_first_prompt: bool = False  # no header does: its first prompt names the instance
-    random_ids: bool = False  # its instance ids are random from the first character (else they are hashed for a name)
-    identifying_header: str | None = None  # its User-Agent is shared with other clients: this header must be there too
-    # It sends a request again when its stream ends with the protocol's error event (measured with each CLI,
-    # bench/probes/agent_cuts.py); Qwen Code and Pi lose the turn to one, and send it again only after a silent cut.
-    resends_after_error_event: bool = True
-
-    def sent(self, headers: Mapping[str, str] | None) -> bool:
-        """Whether a request with these headers is this agent's."""
-        user_agent = header(headers, "user-agent") or ""
-        return user_agent.startswith(self.user_agent) and (self.identifying_header is None or header(headers, self.identifying_header) is not None)
-
-    def instance(self, headers: Mapping[str, str] | None) -> str | None:
-        """The subagent instance a request's headers name (None for the main agent, side requests and agents that send none)."""
-        if self.subagent_header is None or header(headers, self.subagent_header) is None:
-            return None
-        return header(headers, self.instance_header or self.subagent_header)
-
-    def instance_name(self, instance_id: str) -> str:
-        """A short name for an instance: Claude Code's agent ids are random hex, opencode's session
-        ids start with their time (two instances started together share a long prefix)."""
-        if not self.random_ids:
-            instance_id = hashlib.sha256(instance_id.encode("utf-8", "surrogatepass")).hexdigest()
-        return instance_id[:INSTANCE_CHARS]
-
-
-CLAUDE_CODE = Agent("Claude Code", "claude-cli/", frozenset({"Task", "Agent"}), SESSION_ID_HEADER, AGENT_ID_HEADER, AGENT_ID_HEADER,
-                    random_ids=True)
-OPENCODE = Agent("opencode", "opencode/", frozenset({"task"}), "x-session-id", "x-parent-session-id", "x-session-id")
-QWEN_CODE = Agent("Qwen Code", "QwenCode/", frozenset({"agent"}), instance_by_first_prompt=True, resends_after_error_event=False)
-# `codex_exec/0.171.0 (...)` from `codex exec`; the other front ends' originators start with `codex_` too.
-CODEX = Agent("Codex CLI", "codex_", frozenset(), "session-id")
-PI = Agent("Pi", "OpenAI/JS", frozenset(), "session_id", identifying_header="session_id", resends_after_error_event=False)
-AGENTS = (CLAUDE_CODE, OPENCODE, QWEN_CODE, CODEX, PI)
-AGENT_TOOLS = frozenset().union(*(agent.subagent_tools for agent in AGENTS))
+# The agents whose requests the lanes tell apart, each by its record's `lanes` facts; a request of any other client
+# (claude-code-router, the Agent SDK, the benchmark) is read as Claude Code's.
+CLAUDE_CODE = roster.agent_keyed("claude")
+OPENCODE = roster.agent_keyed("opencode")
+QWEN_CODE = roster.agent_keyed("qwen")
+CODEX = roster.agent_keyed("codex")
+PI = roster.agent_keyed("pi")
+AGENTS: tuple[CodingAgent, ...] = tuple(agent for agent in roster.AGENTS if agent.lanes is not None)
+AGENT_TOOLS = frozenset().union(*(agent.lanes.subagent_tools for agent in AGENTS))
 _SUBAGENT_FIELD = re.compile(r"\bcc_is_subagent=true\b")
 _TITLE = re.compile(r"\btitle\b", re.IGNORECASE)
 
@@ -192,16 +160,39 @@ def header(headers: Mapping[str, str] | None, name: str) -> str | None:
     return value or None
 
 
-def agent_of(headers: Mapping[str, str] | None) -> Agent:
+def sent_by(agent: CodingAgent, headers: Mapping[str, str] | None) -> bool:
+    """Whether a request with these headers is this agent's."""
+    facts = agent.lanes
+    user_agent = header(headers, "user-agent") or ""
+    return user_agent.startswith(facts.user_agent) and (facts.identifying_header is None or header(headers, facts.identifying_header) is not None)
+
+
+def agent_of(headers: Mapping[str, str] | None) -> CodingAgent:
     """The agent that sent a request, by its User-Agent; Claude Code for any other client
     (claude-code-router, the benchmark, a request without the header)."""
-    return next((agent for agent in AGENTS[1:] if agent.sent(headers)), CLAUDE_CODE)
+    return next((agent for agent in AGENTS if agent is not CLAUDE_CODE and sent_by(agent, headers)), CLAUDE_CODE)
+
+
+def instance_of(agent: CodingAgent, headers: Mapping[str, str] | None) -> str | None:
+    """The subagent instance a request's headers name (None for the main agent, side requests and agents that send none)."""
+    facts = agent.lanes
+    if facts.subagent_header is None or header(headers, facts.subagent_header) is None:
+        return None
+    return header(headers, facts.instance_header or facts.subagent_header)
+
+
+def instance_name(agent: CodingAgent, instance_id: str) -> str:
+    """A short name for an instance: Claude Code's agent ids are random hex, opencode's session
+    ids start with their time (two instances started together share a long prefix)."""
+    if not agent.lanes.random_ids:
+        instance_id = hashlib.sha256(instance_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return instance_id[:INSTANCE_CHARS]
 
 
 def session_of(headers: Mapping[str, str] | None) -> str | None:
     """The conversation a request belongs to, where its agent names it."""
     agent = agent_of(headers)
-    return header(headers, agent.session_header) if agent.session_header else None
+    return header(headers, agent.lanes.session_header) if agent.lanes.session_header else None
 
 
 def lane_group(lane: str) -> str:
@@ -226,7 +217,7 @@ def told_compaction(headers: Mapping[str, str] | None) -> str | None:
 def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = None) -> LaneSignature:
     openings = []
     agent = agent_of(headers)
-    agent_id = agent.instance(headers)
+    agent_id = instance_of(agent, headers)
     says_subagent = agent_id is not None
     for text in system_texts(body, api):
         text = rules.without_subjects(text)  # a git status, a date, a working directory: not the lane
@@ -243,12 +234,12 @@ def lane_signature(body: dict, api: Api, headers: Mapping[str, str] | None = Non
             openings.append("\n".join(kept)[:OPENING_CHARS])
     deferred = deferred_tool_names(body, api) | late_tool_names(body, api)  # neither is what the conversation began with
     tools = tuple(sorted(name for name in tool_names(body) if name not in deferred))
-    if agent_id is None and agent.instance_by_first_prompt and tools and not AGENT_TOOLS & set(tools):
+    if agent_id is None and agent.lanes.instance_by_first_prompt and tools and not AGENT_TOOLS & set(tools):
         agent_id = first_prompt_digest(body)  # tools, but none to start subagents with: a subagent
         says_subagent = agent_id is not None
-    instance = agent.instance_name(agent_id) if agent_id else None
+    instance = instance_name(agent, agent_id) if agent_id else None
     parent_id = header(headers, PARENT_AGENT_ID_HEADER) if agent is CLAUDE_CODE else None
-    parent = agent.instance_name(parent_id) if parent_id else None
+    parent = instance_name(agent, parent_id) if parent_id else None
     return LaneSignature(tools, "\x1d".join(openings), says_subagent, "title" in _output_schema_fields(body), instance,
                          told_word(headers, AGENT_TYPE_HEADER), parent, told_word(headers, AUXILIARY_TYPE_HEADER))
 

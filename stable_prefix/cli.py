@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Callable
 
+from stable_prefix.agents.roster import AGENTS
+
 # What only the `[engine]` extra installs: a proxy-only install (`pip install stable-prefix`) has none of it.
 ENGINE_DEPENDENCIES = ("numpy", "psutil", "mlx", "mlx_lm", "vllm_mlx")
 
@@ -39,12 +41,9 @@ def _main_of(module: str) -> Callable[[list[str]], int]:
     return run
 
 
-def _launcher(agent: str) -> Callable[[list[str]], int]:
-    """`stable_prefix.agents.<agent>.launch_against_stack`: the agent's module holds its launcher beside its install and environment."""
-    def run(argv: list[str]) -> int:
-        return importlib.import_module(f"stable_prefix.agents.{agent}").launch_against_stack(argv)
-
-    return run
+def _agent_commands() -> dict[str, tuple[str, Callable[[list[str]], int]]]:
+    """`stable-prefix <agent>` for every agent whose record has a launcher (`stable_prefix/agents/roster.py`)."""
+    return {agent.key: (agent.command_help, agent.launch) for agent in AGENTS if agent.launcher is not None}
 
 
 def _captures(command: str) -> Callable[[list[str]], int]:
@@ -63,17 +62,13 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
            "[-- llama-server flags]; "
            "the proxy alone before a router or a remote engine: up --upstream URL --served-model-name NAME", _main_of("stack")),
     "router": ("a router before several engines: router smg|haproxy|vllm-router --replica URL ... [--port 8090] [--policy key|round_robin|prefix] [--print]",
-               _main_of("router")),
-    "claude": ("Claude Code against the running stack: claude [--port 8080] [claude arguments]", _launcher("claude_code")),
-    "opencode": ("opencode against the running stack: opencode [--port 8080] [opencode arguments]", _launcher("opencode")),
-    "qwen": ("Qwen Code against the running stack: qwen [--port 8080] [qwen arguments]", _launcher("qwen_code")),
-    "codex": ("Codex CLI against the running stack: codex [--port 8080] [codex arguments]", _launcher("codex_cli")),
-    "pi": ("Pi against the running stack: pi [--port 8080] [pi arguments]", _launcher("pi")),
+               _main_of("router_command")),
+    **_agent_commands(),
     "doctor": ("every pinned client against its registry's newest, and the engine against the tested versions", _main_of("doctor")),
     "serve": ("the patched vllm-mlx server: serve MODEL [--engine batched|simple] [--draft auto|on|off] [--prefix-cache-bytes SIZE] [--prefix-cache-dir DIR] "
               "[vllm-mlx flags]",
               _engine_patch("serve")),
-    "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _engine_patch("warm")),
+    "warm": ("pre-warm a running server's prefix cache: warm CAPTURE_OR_BODY.json|DIR... --url URL", _main_of("captures.warm")),
     "diff": ("compare two captured requests: diff A.json B.json [--normalized] [--json]", _captures("diff")),
     "report": ("per-lane prefix report of a capture folder: report DIR [--json] [--html FILE]", _captures("report")),
 }

@@ -1,8 +1,9 @@
 """What `stable-prefix claude|opencode|qwen|codex|pi` share: our flags first, the running stack's state,
 and replacing this process with the agent, pointed at the stack by its environment or its arguments.
 
-Each agent's own part (which binary, which variables or options) is its module's `launch_against_stack`
-(`agents/claude_code.py`, `opencode.py`, `qwen_code.py`, `codex_cli.py`, `pi.py`), beside its install and environment.
+Each agent's own part (which binary, which variables or options) is its record's `Launcher`
+(`agents/base.py`; the record `AGENT` in `agents/claude_code.py`, `opencode.py`, `qwen_code.py`, `codex_cli.py`, `pi.py`),
+beside its install and environment; `CodingAgent.launch` calls `launch` with it.
 """
 
 from __future__ import annotations

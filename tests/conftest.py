@@ -1,13 +1,13 @@
 """Settings every test process and every server it starts share, and the pinned agent CLIs."""
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from stable_prefix.agents import claude_agent_sdk, claude_code, claude_code_router, codex_cli, opencode, pi, qwen_code
+from stable_prefix.agents.base import CodingAgent
 from stable_prefix.agents.npm_package import AgentUnavailable
+from stable_prefix.agents.roster import AGENTS
 
 # The suite's time against its budget, printed at the end of every run (docs/testing.md).
 pytest_plugins = ["tests.support.suite_budget"]
@@ -18,52 +18,22 @@ pytest_plugins = ["tests.support.suite_budget"]
 os.environ.setdefault("ENGINE_PATCH_NO_DISK_CACHE", "1")
 
 
-def _installed(install: Callable[[], Path], what: str) -> Path:
-    """The pinned CLI, installed from npm (`stable_prefix/agents/npm_package.py`) unless it is there; a test that
-    needs it fails, saying why, where it cannot be."""
-    try:
-        return install()
-    except AgentUnavailable as error:
-        pytest.fail(f"the tests that run the real {what} cannot run: {error}", pytrace=False)
+def installed_agent_fixture(agent: CodingAgent):
+    """The session fixture `agent.fixture`: the agent's pinned CLI (or entry), installed from npm
+    (`stable_prefix/agents/npm_package.py`) unless it is there; a test that needs it fails, saying why, where it
+    cannot be."""
+    def installed() -> Path:
+        try:
+            return agent.install()
+        except AgentUnavailable as error:
+            pytest.fail(f"the tests that run the real {agent.name} cannot run: {error}", pytrace=False)
+
+    installed.__name__ = agent.fixture
+    installed.__doc__ = f"The pinned {agent.release}, installed by stable_prefix/agents/{agent.install.__module__.rsplit('.', 1)[-1]}.py."
+    return pytest.fixture(scope="session", name=agent.fixture)(installed)
 
 
-@pytest.fixture(scope="session")
-def claude_binary() -> Path:
-    """The pinned Claude Code CLI, in .claude-cli/."""
-    return _installed(claude_code.install, "Claude Code CLI")
-
-
-@pytest.fixture(scope="session")
-def router_cli() -> Path:
-    """The pinned claude-code-router, in .claude-cli/router/."""
-    return _installed(claude_code_router.install, "claude-code-router")
-
-
-@pytest.fixture(scope="session")
-def codex_binary() -> Path:
-    """The pinned Codex CLI, in .codex-cli/."""
-    return _installed(codex_cli.install, "Codex CLI")
-
-
-@pytest.fixture(scope="session")
-def opencode_binary() -> Path:
-    """The pinned opencode, in .claude-cli/opencode/."""
-    return _installed(opencode.install, "opencode")
-
-
-@pytest.fixture(scope="session")
-def qwen_cli() -> Path:
-    """The pinned Qwen Code, in .claude-cli/qwen-code/."""
-    return _installed(qwen_code.install, "Qwen Code")
-
-
-@pytest.fixture(scope="session")
-def pi_cli() -> Path:
-    """The pinned Pi, in .claude-cli/pi/."""
-    return _installed(pi.install, "Pi")
-
-
-@pytest.fixture(scope="session")
-def agent_sdk_entry() -> Path:
-    """The pinned Claude Agent SDK's sdk.mjs, in .claude-cli/agent-sdk/."""
-    return _installed(claude_agent_sdk.install, "Claude Agent SDK")
+# One fixture per agent in the roster (claude_binary, router_cli, opencode_binary, qwen_cli, pi_cli, codex_binary,
+# agent_sdk_entry), named by its record.
+for _agent in AGENTS:
+    globals()[_agent.fixture] = installed_agent_fixture(_agent)

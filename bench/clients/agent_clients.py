@@ -2,9 +2,11 @@
 
 Measured with each real CLI (`bench/probes/agent_cuts.py` -> `MEASURED_IN`, the proxy's own recovery off):
 whether it sends the request again, streamed or not, after the stream ended with the protocol's error
-event (the proxy's default) and after a silent cut. `tests/test_agent_clients.py` checks these against the
-committed measurement, so they change with it. Every agent sends no request again on an error status
-(none measured: the routers retry a request refused before any answer, `stable_prefix/routers.py`).
+event (the proxy's default) and after a silent cut. The facts are each agent's record's `resends`
+(`stable_prefix/agents/roster.py`), which the proxy's stream recovery reads too;
+`tests/bench/test_agent_clients.py` checks them against the committed measurement, so they change with it.
+Every agent sends no request again on an error status (none measured: the routers retry a request refused
+before any answer, `stable_prefix/routers.py`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from stable_prefix.agents.base import NOT_STREAMED, STREAMED  # noqa: F401 (the records' words are the bench's)
+from stable_prefix.agents.roster import AGENTS
+
 MEASURED_IN = "bench/results/agent-cuts/latest.json"
-STREAMED, NOT_STREAMED = "streamed", "not streamed"
 # It sends the partial answer back with a request to go on (Qwen Code after a silent cut mid-reply; before any
 # output it sends the request again): a bench client sends the request again, streamed, in its place (what the
 # turn costs is alike: one more streamed request, warm).
@@ -31,13 +35,9 @@ class AgentClient:
     after_silent_cut: str | None
 
 
-CLIENTS = {client.key: client for client in (
-    AgentClient("claude", "Claude Code", "anthropic", after_error_event=NOT_STREAMED, after_silent_cut=STREAMED),
-    AgentClient("opencode", "opencode", "openai", after_error_event=STREAMED, after_silent_cut=STREAMED),
-    AgentClient("qwen", "Qwen Code", "openai", after_error_event=None, after_silent_cut=STREAMED),
-    AgentClient("pi", "Pi", "openai", after_error_event=None, after_silent_cut=STREAMED),
-    AgentClient("codex", "Codex CLI", "responses", after_error_event=STREAMED, after_silent_cut=STREAMED),
-)}
+# Every agent whose behaviour after a cut was measured.
+CLIENTS = {agent.key: AgentClient(agent.key, agent.name, agent.protocol, agent.resends.after_error_event, agent.resends.after_silent_cut)
+           for agent in AGENTS if agent.resends is not None}
 
 
 class Answered(Protocol):

@@ -11,8 +11,8 @@ dependencies (`@anthropic-ai/sdk`, the MCP SDK, zod) come with it.
 
 `AgentSdk.run_turns()` runs `claude_agent_sdk_turns.mjs` (ours) with node: one
 `query()` per prompt, the first starting a session and each later one resuming
-it (`resume`), in a Claude Code sandbox (`claude_code.Sandbox`: HOME, config
-folder, project) with the environment `claude_code.ClaudeCode` gives the CLI.
+it (`resume`), in a Claude Code sandbox (HOME, config
+folder, project: `claude_code.create_sandbox`) with the environment `claude_code.ClaudeCode` gives the CLI.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from pathlib import Path
 
 from stable_prefix import pins
 from stable_prefix.agents import npm_package
-from stable_prefix.agents.claude_code import DEFAULT_CLI_DIR, ClaudeCode
+from stable_prefix.agents.base import ANTHROPIC, CodingAgent
+from stable_prefix.agents.claude_code import ClaudeCode
 from stable_prefix.agents.npm_package import AgentUnavailable
 
 PACKAGE = pins.CLAUDE_AGENT_SDK.package
 VERSION = pins.CLAUDE_AGENT_SDK.version
-DEFAULT_DIR = DEFAULT_CLI_DIR / "agent-sdk"
+DEFAULT_DIR = npm_package.INSTALL_ROOT / "agent-sdk"
 TURNS_SCRIPT = Path(__file__).with_name("claude_agent_sdk_turns.mjs")
 
 
@@ -65,6 +66,12 @@ class AgentSdk:
         if completed.returncode != 0:
             raise RuntimeError(f"the Agent SDK script failed (exit status {completed.returncode}):\n{completed.stdout}\n{completed.stderr[-4000:]}")
         return [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+
+
+# A program of the user's own calls `query()`, with the environment `stable-prefix claude` sets as `options.env`; the
+# requests are Claude Code's.
+AGENT = CodingAgent("agent-sdk", pins.CLAUDE_AGENT_SDK, ANTHROPIC, install, fixture="agent_sdk_entry",
+                    launched_by="a program calling `query()`, with the environment `stable-prefix claude` sets as `options.env`")
 
 
 def main() -> None:

@@ -34,20 +34,16 @@ from pathlib import Path
 
 from stable_prefix import pins
 from stable_prefix.agents import npm_package
-from stable_prefix.agents.npm_package import AgentUnavailable
-from stable_prefix.agents.scratch_project import ScratchProject
-from stable_prefix.launch import launch
-from stable_prefix.servers import REPO_ROOT
+from stable_prefix.agents.base import ANTHROPIC, NOT_STREAMED, REQUEST_TIMEOUT_MS, STREAMED, CodingAgent, LaneFacts, Launcher, Resends, Turn
+from stable_prefix.agents.npm_package import AgentUnavailable, is_native_executable
+from stable_prefix.agents.scratch_project import Sandbox
 
 CLI_PACKAGE = pins.CLAUDE_CODE.package
 # Pinned: the request shapes (tools, system blocks, side requests) change between releases.
 CLI_VERSION = pins.CLAUDE_CODE.version
-DEFAULT_CLI_DIR = REPO_ROOT / ".claude-cli"
+DEFAULT_CLI_DIR = npm_package.INSTALL_ROOT
 # Any key works offline; Claude Code remembers approval by the key's last 20 characters.
 DUMMY_API_KEY = "sk-ant-api03-offline-e2e-0000000000000000000000000000"
-# A cold Claude Code prompt can take minutes to prefill on a CPU; the CLI's default
-# request timeout is 10 minutes, after which it retries (a second cold prefill).
-REQUEST_TIMEOUT_MS = 30 * 60 * 1000
 # Dialogs the sandbox config answers in advance; seeing one means that config no longer works.
 FIRST_RUN_DIALOGS = ("Do you want to use this API key?", "Is this a project you created or one you trust",
                      "Choose the text style", "Select login method")
@@ -67,19 +63,13 @@ HINT_HEADERS = {"CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1"}
 LOCAL_AUTH_TOKEN = "local-model"
 # The user's own credentials must not go to a local server, and would make Claude Code ask which to use.
 CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_OAUTH_TOKEN")
-NATIVE_MAGICS = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"MZ")
+# How its requests name their conversation and subagents (`addons/lanes.py`; docs/agents.md has the headers).
+AGENT_ID_HEADER = "x-claude-code-agent-id"
+SESSION_ID_HEADER = "x-claude-code-session-id"
 
 
 class ClaudeCodeUnavailable(AgentUnavailable):
     """Claude Code (or claude-code-router) cannot be installed or started here."""
-
-
-def is_native_executable(path: Path) -> bool:
-    try:
-        with path.open("rb") as file:
-            return file.read(4).startswith(NATIVE_MAGICS)
-    except OSError:
-        return False
 
 
 def find_binary(cli_dir: Path = DEFAULT_CLI_DIR) -> Path | None:
@@ -137,40 +127,25 @@ def install(cli_dir: Path = DEFAULT_CLI_DIR, version: str = CLI_VERSION) -> Path
                                       ClaudeCodeUnavailable, reported_version=installed_version)
 
 
-@dataclass(frozen=True)
-class Sandbox:
-    """A throwaway HOME, CLAUDE_CONFIG_DIR and working directory for one conversation."""
-
-    home: Path
-    config_dir: Path
-    workdir: Path
-
-    @classmethod
-    def create(cls, root: Path, api_key: str = DUMMY_API_KEY, *, git_repository: bool = False) -> Sandbox:
-        """`git_repository`: the working directory is a git repository with one
-        commit, as a user's project is (Claude Code then sends its git status)."""
-        project = ScratchProject.create(root, git_repository=git_repository)
-        sandbox = cls(home=project.home, config_dir=root / "claude-config", workdir=project.workdir)
-        sandbox.config_dir.mkdir(parents=True, exist_ok=True)
-        # Each key answers a first-run dialog that would otherwise wait for a keypress.
-        global_config = {
-            "hasCompletedOnboarding": True,
-            "lastOnboardingVersion": CLI_VERSION,
-            "theme": "dark",
-            "customApiKeyResponses": {"approved": [api_key[-20:]], "rejected": []},
-            "projects": {str(sandbox.workdir.resolve()): {
-                "hasTrustDialogAccepted": True,
-                "hasCompletedProjectOnboarding": True,
-                "allowedTools": [],
-            }},
-        }
-        (sandbox.config_dir / ".claude.json").write_text(json.dumps(global_config, indent=2))
-        return sandbox
-
-    @property
-    def project(self) -> ScratchProject:
-        """HOME and working directory (`project.commit(...)`: an edit and a commit between conversations)."""
-        return ScratchProject(self.home, self.workdir)
+def create_sandbox(root: Path, api_key: str = DUMMY_API_KEY, *, git_repository: bool = False) -> Sandbox:
+    """A throwaway HOME, CLAUDE_CONFIG_DIR (`claude-config`) and working directory for one conversation;
+    `git_repository`: the working directory is a git repository with one commit, as a user's project is
+    (Claude Code then sends its git status)."""
+    sandbox = Sandbox.create(root, "claude-config", git_repository=git_repository)
+    # Each key answers a first-run dialog that would otherwise wait for a keypress.
+    global_config = {
+        "hasCompletedOnboarding": True,
+        "lastOnboardingVersion": CLI_VERSION,
+        "theme": "dark",
+        "customApiKeyResponses": {"approved": [api_key[-20:]], "rejected": []},
+        "projects": {str(sandbox.workdir.resolve()): {
+            "hasTrustDialogAccepted": True,
+            "hasCompletedProjectOnboarding": True,
+            "allowedTools": [],
+        }},
+    }
+    (sandbox.config_dir / ".claude.json").write_text(json.dumps(global_config, indent=2))
+    return sandbox
 
 
 @dataclass(frozen=True)
@@ -299,13 +274,22 @@ to the served model, the output cap, no telemetry, error reports or update
 checks. The user's own Claude Code settings and sessions are used as they are;
 their Anthropic credentials are taken out of the environment, not sent.
 """
-LAUNCH_USAGE = "usage: stable-prefix claude [--port N] [--claude PATH] [claude arguments...]"
 
 
-def launch_against_stack(argv: list[str]) -> int:
-    return launch("claude", argv, "--claude", LAUNCH_USAGE, user_binary, LAUNCH_HELP,
-                  environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"]),
-                  removed=CREDENTIAL_VARIABLES)
+def conversation(binary: Path, root: Path, base_url: str, model: str, max_output_tokens: int, user_retries: bool):
+    """`claude -p`, then `--continue`, in a git repository; `user_retries`: the CLI's own retries, as a user runs it."""
+    claude = ClaudeCode(binary, create_sandbox(root, git_repository=True), base_url, max_retries=None if user_retries else 0)
+    return lambda prompt, continued, timeout: Turn.of(claude.print_turn(prompt, continue_conversation=continued, timeout=timeout))
+
+
+AGENT = CodingAgent(
+    "claude", pins.CLAUDE_CODE, ANTHROPIC, install, fixture="claude_binary",
+    launcher=Launcher("claude", user_binary, LAUNCH_HELP, removed=CREDENTIAL_VARIABLES,
+                      environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"])),
+    conversation=conversation,
+    resends=Resends(after_error_event=NOT_STREAMED, after_silent_cut=STREAMED),
+    lanes=LaneFacts("claude-cli/", frozenset({"Task", "Agent"}), SESSION_ID_HEADER, AGENT_ID_HEADER, AGENT_ID_HEADER, random_ids=True),
+)
 
 
 def main() -> None:
@@ -326,7 +310,7 @@ def main() -> None:
     if args.command == "install":
         print(f"{binary} ({installed_version(binary)})")
         return
-    claude = ClaudeCode(binary=binary, sandbox=Sandbox.create(args.sandbox), base_url=args.base_url)
+    claude = ClaudeCode(binary=binary, sandbox=create_sandbox(args.sandbox), base_url=args.base_url)
     arguments = [argument for argument in args.arguments if argument != "--"]
     sys.exit(subprocess.call([str(binary), *arguments], cwd=claude.sandbox.workdir, env=claude.environment()))
 

@@ -32,11 +32,12 @@ from pathlib import Path
 
 from stable_prefix import pins
 from stable_prefix.agents import npm_package
-from stable_prefix.agents.claude_code import DEFAULT_CLI_DIR, REQUEST_TIMEOUT_MS, ClaudeCodeUnavailable
+from stable_prefix.agents.base import OPENAI_CHAT, REQUEST_TIMEOUT_MS, CodingAgent
+from stable_prefix.agents.claude_code import ClaudeCodeUnavailable
 
 ROUTER_PACKAGE = pins.CLAUDE_CODE_ROUTER.package
 ROUTER_VERSION = pins.CLAUDE_CODE_ROUTER.version  # 3.x: see pins.py
-DEFAULT_ROUTER_DIR = DEFAULT_CLI_DIR / "router"
+DEFAULT_ROUTER_DIR = npm_package.INSTALL_ROOT / "router"
 PROVIDER_NAME = "stable-prefix"
 DEFAULT_ROUTER_PORT = 3456
 # Any value: the engine checks no key. The router sends it as `Authorization: Bearer`.
@@ -158,6 +159,12 @@ class Router:
                 time.sleep(0.2)
             os.kill(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
+
+
+# Claude Code speaks Anthropic to it, it speaks OpenAI chat completions to the stack, Claude Code's requests translated
+# (the proxy's lanes read them as Claude Code's). The user runs `ccr code` with the config `stable-prefix up` prints.
+AGENT = CodingAgent("ccr", pins.CLAUDE_CODE_ROUTER, OPENAI_CHAT, install, fixture="router_cli",
+                    launched_by="`ccr code`, with the ~/.claude-code-router/config.json `stable-prefix up` prints")
 
 
 def main() -> None:

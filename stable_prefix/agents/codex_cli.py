@@ -16,7 +16,7 @@ is a git repository.
 
     python -m stable_prefix.agents.codex_cli install     # idempotent; prints the binary and its version
 
-(Against a running stack, as a user: `stable-prefix codex`, `launch_against_stack` below.)
+(Against a running stack, as a user: `stable-prefix codex`, its record's `Launcher` below.)
 
 `Codex.exec_turn()` drives it non-interactively: `codex exec PROMPT` starts a
 conversation, `codex exec resume SESSION PROMPT` continues one; each is one
@@ -34,10 +34,10 @@ from pathlib import Path
 
 from stable_prefix import pins
 from stable_prefix.agents import npm_package
-from stable_prefix.agents.claude_code import REQUEST_TIMEOUT_MS, is_native_executable
-from stable_prefix.agents.npm_package import AgentUnavailable
-from stable_prefix.agents.scratch_project import ScratchProject
-from stable_prefix.launch import launch
+from stable_prefix.agents.base import REQUEST_TIMEOUT_MS, RESPONSES, STREAMED, CodingAgent, LaneFacts, Launcher, Resends
+from stable_prefix.agents.base import Turn as CliTurn
+from stable_prefix.agents.npm_package import AgentUnavailable, is_native_executable
+from stable_prefix.agents.scratch_project import Sandbox
 from stable_prefix.servers import REPO_ROOT
 
 CLI_PACKAGE = pins.CODEX_CLI.package
@@ -141,32 +141,17 @@ def user_binary(explicit: str | None = None) -> Path:
                                    npm_package.how_to_install(CLI_PACKAGE, CLI_VERSION, DEFAULT_CLI_DIR, "codex_cli"), CodexUnavailable)
 
 
-@dataclass(frozen=True)
-class Sandbox:
-    """A throwaway HOME, CODEX_HOME and git repository for Codex runs."""
-
-    home: Path
-    codex_home: Path
-    workdir: Path
-
-    @classmethod
-    def create(cls, root: Path, base_url: str, model: str, *, client_retries: bool = False) -> Sandbox:
-        """`client_retries`: Codex retries a failed request or a cut stream as it does for a user (`stable-prefix
-        codex`); off by default, where a retry would be a second cold prefill."""
-        project = ScratchProject.create(root)
-        sandbox = cls(home=project.home, codex_home=root / "codex-home", workdir=project.workdir)
-        sandbox.codex_home.mkdir(parents=True, exist_ok=True)
-        settings = stack_settings(base_url, model)
-        if not client_retries:
-            settings["model_providers"][PROVIDER_ID]["request_max_retries"] = 0
-            settings["model_providers"][PROVIDER_ID]["stream_max_retries"] = 0
-        (sandbox.codex_home / "config.toml").write_text(config_toml(settings))
-        return sandbox
-
-    @property
-    def project(self) -> ScratchProject:
-        """HOME and the git repository (`project.commit(...)`: an edit and a commit between conversations)."""
-        return ScratchProject(self.home, self.workdir)
+def create_sandbox(root: Path, base_url: str, model: str, *, client_retries: bool = False) -> Sandbox:
+    """A throwaway HOME, CODEX_HOME (`codex-home`, its `config.toml` pointing at the stack) and git repository for
+    Codex runs; `client_retries`: Codex retries a failed request or a cut stream as it does for a user
+    (`stable-prefix codex`); off by default, where a retry would be a second cold prefill."""
+    sandbox = Sandbox.create(root, "codex-home")
+    settings = stack_settings(base_url, model)
+    if not client_retries:
+        settings["model_providers"][PROVIDER_ID]["request_max_retries"] = 0
+        settings["model_providers"][PROVIDER_ID]["stream_max_retries"] = 0
+    (sandbox.config_dir / "config.toml").write_text(config_toml(settings))
+    return sandbox
 
 
 @dataclass(frozen=True)
@@ -190,7 +175,7 @@ class Codex:
     def environment(self) -> dict[str, str]:
         """A minimal environment: nothing of the caller's shell leaks in (no keys, no proxies)."""
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.sandbox.home),
-                "CODEX_HOME": str(self.sandbox.codex_home), "LANG": "C.UTF-8", "TERM": "dumb"}
+                "CODEX_HOME": str(self.sandbox.config_dir), "LANG": "C.UTF-8", "TERM": "dumb"}
 
     def exec_turn(self, prompt: str, *, resume: str | None = None, timeout: float = 900.0, extra: tuple[str, ...] = ()) -> Turn:
         """`codex exec PROMPT`, or `codex exec resume SESSION PROMPT`; `extra`: more exec options (`-c key=value`)."""
@@ -233,7 +218,6 @@ as it is; no key is sent (the provider names none), so OpenAI credentials
 stay where they are. Any Codex command works: `stable-prefix codex`,
 `stable-prefix codex exec "..."`, `stable-prefix codex exec resume --last "..."`.
 """
-LAUNCH_USAGE = "usage: stable-prefix codex [--port N] [--codex PATH] [codex arguments...]"
 
 
 def stack_options(state: dict) -> list[str]:
@@ -241,9 +225,29 @@ def stack_options(state: dict) -> list[str]:
     return config_overrides(stack_settings(state["url"], state["model"]))
 
 
-def launch_against_stack(argv: list[str]) -> int:
-    return launch("codex", argv, "--codex", LAUNCH_USAGE, user_binary, LAUNCH_HELP,
-                  arguments_for=lambda state, port: stack_options(state))
+def conversation(binary: Path, root: Path, base_url: str, model: str, max_output_tokens: int, user_retries: bool):
+    """`codex exec`, then `codex exec resume SESSION` of the session the first turn started."""
+    codex = Codex(binary, create_sandbox(root, base_url, model, client_retries=user_retries))
+    session: dict[str, str | None] = {"id": None}
+
+    def turn(prompt: str, continued: bool, timeout: float) -> CliTurn:
+        result = codex.exec_turn(prompt, resume=session["id"] if continued else None, timeout=timeout)
+        session["id"] = session["id"] or result.session
+        return CliTurn(result.returncode, result.reply.strip(), result.stdout, result.stderr)
+
+    return turn
+
+
+# `codex_exec/0.171.0 (...)` from `codex exec`; the other front ends' originators start with `codex_` too. Every request
+# carries `session-id`; no subagents reach a self-hosted server (its agents are a `namespace` tool, which vllm-mlx
+# does not convert).
+AGENT = CodingAgent(
+    "codex", pins.CODEX_CLI, RESPONSES, install, fixture="codex_binary",
+    launcher=Launcher("codex", user_binary, LAUNCH_HELP, arguments_for=lambda state, port: stack_options(state)),
+    conversation=conversation,
+    resends=Resends(after_error_event=STREAMED, after_silent_cut=STREAMED),
+    lanes=LaneFacts("codex_", session_header="session-id"),
+)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 process, nothing of the caller's shell inherited. Each agent's module says what is its own: the command line of a
 turn and the environment that points it at the proxy (`opencode.OpenCode`, `qwen_code.QwenCode`, `pi.Pi`).
 Claude Code and Codex have drivers of their own (`claude_code.ClaudeCode`, `codex_cli.Codex`): their sandboxes hold
-a config folder beside the project.
+a config folder beside the project (`scratch_project.Sandbox`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from stable_prefix.agents.base import Turn
 from stable_prefix.agents.scratch_project import ScratchProject
 
 
@@ -46,3 +47,10 @@ class AgentDriver:
         command = [str(self.binary), *self.turn_arguments(prompt, continue_conversation=continue_conversation, **options)]
         return subprocess.run(command, cwd=self.project.workdir, env=self.environment(timezone), capture_output=True,
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    @classmethod
+    def conversation(cls, binary: Path, root: Path, base_url: str, model: str, max_output_tokens: int, user_retries: bool):
+        """A conversation in a new scratch project under `root`: a new conversation, then `--continue`d
+        (`CodingAgent.conversation`; these agents keep their own retry settings either way)."""
+        cli = cls(binary, ScratchProject.create(root), base_url, model, max_output_tokens)
+        return lambda prompt, continued, timeout: Turn.of(cli.run_turn(prompt, continue_conversation=continued, timeout=timeout))

@@ -23,11 +23,26 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from stable_prefix.servers import REPO_ROOT
+
 INSTALL_TIMEOUT_S = 900
+# Where the pinned agents are installed, each in a folder of its own (Codex in `.codex-cli/`, beside it): git-ignored.
+INSTALL_ROOT = REPO_ROOT / ".claude-cli"
+# How a native executable starts (ELF, Mach-O both ways, fat Mach-O, PE): an npm package whose postinstall did not
+# run leaves a placeholder script where its binary goes.
+NATIVE_MAGICS = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"MZ")
 
 
 class AgentUnavailable(RuntimeError):
     """An agent's CLI cannot be installed or started here (no npm or node, no network for npm, no binary)."""
+
+
+def is_native_executable(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(4).startswith(NATIVE_MAGICS)
+    except OSError:
+        return False
 
 
 def installed_version(prefix: Path, package: str) -> str | None:

@@ -24,14 +24,14 @@ from pathlib import Path
 
 from stable_prefix import pins
 from stable_prefix.agents import npm_package
-from stable_prefix.agents.claude_code import DEFAULT_CLI_DIR, is_native_executable
+from stable_prefix.agents.base import OPENAI_CHAT, STREAMED, CodingAgent, LaneFacts, Launcher, Resends
 from stable_prefix.agents.driver import AgentDriver
-from stable_prefix.launch import launch
+from stable_prefix.agents.npm_package import is_native_executable
 
 PACKAGE = pins.OPENCODE.package
 # Pinned: where its date line and reminders sit changes between releases (docs/agents.md).
 VERSION = pins.OPENCODE.version
-DEFAULT_DIR = DEFAULT_CLI_DIR / "opencode"
+DEFAULT_DIR = npm_package.INSTALL_ROOT / "opencode"
 PROVIDER = "stable-prefix"
 # Any value: the engine checks no key; opencode sends it as `Authorization: Bearer`.
 API_KEY = "local-model"
@@ -121,12 +121,17 @@ serving the stack's model (also for titles), the output cap, no update check,
 no model catalogue download, no default plugins, no sharing. The user's own
 sessions and settings are used otherwise.
 """
-LAUNCH_USAGE = "usage: stable-prefix opencode [--port N] [--opencode PATH] [opencode arguments...]"
 
-
-def launch_against_stack(argv: list[str]) -> int:
-    return launch("opencode", argv, "--opencode", LAUNCH_USAGE, user_binary, LAUNCH_HELP,
-                  environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"]))
+# Subagents start with `task`; every request carries `x-session-id`, a subagent's the child session's, with
+# `x-parent-session-id`.
+AGENT = CodingAgent(
+    "opencode", pins.OPENCODE, OPENAI_CHAT, install, fixture="opencode_binary",
+    launcher=Launcher("opencode", user_binary, LAUNCH_HELP,
+                      environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"])),
+    conversation=OpenCode.conversation,
+    resends=Resends(after_error_event=STREAMED, after_silent_cut=STREAMED),
+    lanes=LaneFacts("opencode/", frozenset({"task"}), "x-session-id", "x-parent-session-id", "x-session-id"),
+)
 
 
 def main() -> None:

@@ -28,16 +28,15 @@ from pathlib import Path
 from stable_prefix import pins
 from stable_prefix.addons.capture_folder import write_private
 from stable_prefix.agents import npm_package
-from stable_prefix.agents.claude_code import DEFAULT_CLI_DIR
+from stable_prefix.agents.base import OPENAI_CHAT, STREAMED, CodingAgent, LaneFacts, Launcher, Resends
 from stable_prefix.agents.driver import AgentDriver
 from stable_prefix.agents.npm_package import AgentUnavailable
-from stable_prefix.launch import launch
 from stable_prefix.stack_state import stack_state_path
 
 PACKAGE = pins.PI.package
 # Pinned: what its system prompt holds (date, working directory) and where changes between releases.
 VERSION = pins.PI.version
-DEFAULT_DIR = DEFAULT_CLI_DIR / "pi"
+DEFAULT_DIR = npm_package.INSTALL_ROOT / "pi"
 PROVIDER = "stable-prefix"
 # Any value: the engine checks no key; Pi sends it as `Authorization: Bearer`.
 API_KEY = "local-model"
@@ -133,7 +132,6 @@ update check or install telemetry. Pi's own folder (`~/.pi/agent`: its
 `models.json`, settings, sessions, keys) is used as it is and never written
 for the stack.
 """
-LAUNCH_USAGE = "usage: stable-prefix pi [--port N] [--pi PATH] [pi arguments...]"
 
 
 def launch_arguments(state: dict, port: int) -> list[str]:
@@ -142,9 +140,16 @@ def launch_arguments(state: dict, port: int) -> list[str]:
     return stack_arguments(extension, state["model"])
 
 
-def launch_against_stack(argv: list[str]) -> int:
-    return launch("pi", argv, "--pi", LAUNCH_USAGE, user_binary, LAUNCH_HELP, environment_for=lambda state, port: dict(OFFLINE_ENVIRONMENT),
-                  arguments_for=launch_arguments)
+# Its User-Agent is any OpenAI JS SDK client's, so the `session_id` header (its session, with the provider we
+# register) must be there too; it starts no subagents, and loses the turn to an error event.
+AGENT = CodingAgent(
+    "pi", pins.PI, OPENAI_CHAT, install, fixture="pi_cli",
+    launcher=Launcher("pi", user_binary, LAUNCH_HELP, environment_for=lambda state, port: dict(OFFLINE_ENVIRONMENT),
+                      arguments_for=launch_arguments),
+    conversation=Pi.conversation,
+    resends=Resends(after_error_event=None, after_silent_cut=STREAMED),
+    lanes=LaneFacts("OpenAI/JS", session_header="session_id", identifying_header="session_id"),
+)
 
 
 def main() -> None:

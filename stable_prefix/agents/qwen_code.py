@@ -28,16 +28,15 @@ from pathlib import Path
 from stable_prefix import pins
 from stable_prefix.addons.capture_folder import write_private
 from stable_prefix.agents import npm_package
-from stable_prefix.agents.claude_code import DEFAULT_CLI_DIR
+from stable_prefix.agents.base import OPENAI_CHAT, STREAMED, CodingAgent, LaneFacts, Launcher, Resends
 from stable_prefix.agents.driver import AgentDriver
 from stable_prefix.agents.npm_package import AgentUnavailable
-from stable_prefix.launch import launch
 from stable_prefix.stack_state import stack_state_path
 
 PACKAGE = pins.QWEN_CODE.package
 # Pinned: its prompt layout (git snapshot, memory section, date reminder) changes between releases.
 VERSION = pins.QWEN_CODE.version
-DEFAULT_DIR = DEFAULT_CLI_DIR / "qwen-code"
+DEFAULT_DIR = npm_package.INSTALL_ROOT / "qwen-code"
 API_KEY = "local-model"
 # The ripgrep it ships comes without its executable bit; without it Qwen Code says so and greps in JavaScript.
 VENDORED_RIPGREP = "vendor/ripgrep/*/rg"
@@ -129,7 +128,6 @@ replaces itself with Qwen Code (`qwen` on PATH, or the pinned one in
 the proxy, key, model and output cap in its OpenAI variables. The user's own
 sessions and settings are used otherwise; their own OpenAI key is not sent.
 """
-LAUNCH_USAGE = "usage: stable-prefix qwen [--port N] [--qwen PATH] [qwen arguments...]"
 
 
 def launch_environment(state: dict, port: int) -> dict[str, str]:
@@ -138,8 +136,16 @@ def launch_environment(state: dict, port: int) -> dict[str, str]:
     return stack_environment(state["url"], state["model"], state["max_tokens"], settings)
 
 
-def launch_against_stack(argv: list[str]) -> int:
-    return launch("qwen", argv, "--qwen", LAUNCH_USAGE, user_binary, LAUNCH_HELP, environment_for=launch_environment)
+# Subagents start with `agent`; no header names anything, so an instance is named by its first prompt (its task).
+# It loses the turn to an error event and sends the request again only after a silent cut (mid-reply it sends the
+# partial answer back to go on: a bench client sends the request again, streamed, in its place).
+AGENT = CodingAgent(
+    "qwen", pins.QWEN_CODE, OPENAI_CHAT, install, fixture="qwen_cli",
+    launcher=Launcher("qwen", user_binary, LAUNCH_HELP, environment_for=launch_environment),
+    conversation=QwenCode.conversation,
+    resends=Resends(after_error_event=None, after_silent_cut=STREAMED),
+    lanes=LaneFacts("QwenCode/", frozenset({"agent"}), instance_by_first_prompt=True),
+)
 
 
 def main() -> None:

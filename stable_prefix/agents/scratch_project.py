@@ -2,9 +2,11 @@
 
 git runs with an identity of its own and none of the caller's configuration
 (its HOME is the scratch one, no system config), so the commits, and the git
-status an agent reads, are the same on every machine. Each agent's sandbox
-(`claude_code.Sandbox`, `codex_cli.Sandbox`) adds its own config folder beside
-these two; opencode and Qwen Code need none of their own.
+status an agent reads, are the same on every machine. An agent that keeps its
+configuration in a folder of its own (Claude Code's CLAUDE_CONFIG_DIR, Codex's
+CODEX_HOME) gets a `Sandbox`: the two and that folder beside them, which its
+module fills (`claude_code.create_sandbox`, `codex_cli.create_sandbox`);
+opencode, Qwen Code and Pi need none of their own.
 """
 
 from __future__ import annotations
@@ -46,3 +48,25 @@ class ScratchProject:
         (self.workdir / path).write_text(text)
         self.git("add", path)
         self.git("commit", "--quiet", "-m", message)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A throwaway HOME, the agent's own config folder and a project, for one conversation (or several, continued)."""
+
+    home: Path
+    config_dir: Path
+    workdir: Path
+
+    @classmethod
+    def create(cls, root: Path, config_folder: str, *, git_repository: bool = True) -> Sandbox:
+        """`root/home`, `root/<config_folder>` (empty: the agent's module writes its config) and `root/project`."""
+        project = ScratchProject.create(root, git_repository=git_repository)
+        sandbox = cls(home=project.home, config_dir=root / config_folder, workdir=project.workdir)
+        sandbox.config_dir.mkdir(parents=True, exist_ok=True)
+        return sandbox
+
+    @property
+    def project(self) -> ScratchProject:
+        """HOME and working directory (`project.commit(...)`: an edit and a commit between conversations)."""
+        return ScratchProject(self.home, self.workdir)

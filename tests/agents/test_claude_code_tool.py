@@ -39,7 +39,7 @@ def test_find_binary_in_an_empty_folder_is_none(tmp_path: Path) -> None:
 
 
 def test_sandbox_config_answers_the_first_run_dialogs(tmp_path: Path) -> None:
-    sandbox = claude_code.Sandbox.create(tmp_path, api_key="sk-test-" + "k" * 30)
+    sandbox = claude_code.create_sandbox(tmp_path, api_key="sk-test-" + "k" * 30)
     config = json.loads((sandbox.config_dir / ".claude.json").read_text())
     assert config["hasCompletedOnboarding"] is True
     assert config["customApiKeyResponses"]["approved"] == ["k" * 20]
@@ -49,7 +49,7 @@ def test_sandbox_config_answers_the_first_run_dialogs(tmp_path: Path) -> None:
 def test_environment_keeps_the_callers_credentials_and_proxies_out(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "real-token")
     monkeypatch.setenv("HTTPS_PROXY", "http://corporate-proxy:3128")
-    claude = claude_code.ClaudeCode(Path("/bin/true"), claude_code.Sandbox.create(tmp_path), "http://127.0.0.1:9")
+    claude = claude_code.ClaudeCode(Path("/bin/true"), claude_code.create_sandbox(tmp_path), "http://127.0.0.1:9")
     environment = claude.environment()
     assert "ANTHROPIC_AUTH_TOKEN" not in environment and "HTTPS_PROXY" not in environment
     assert environment["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"
@@ -68,7 +68,7 @@ def test_a_print_turn_sends_one_main_request_with_the_billing_header(tmp_path: P
     port = free_port()
     command = [str(VENV_BIN / "python"), str(STUB), "--port", str(port), "--record", str(record)]
     with running("stub", command, port=port, log_dir=tmp_path / "logs") as stub:
-        claude = claude_code.ClaudeCode(binary, claude_code.Sandbox.create(tmp_path / "claude"), stub.url)
+        claude = claude_code.ClaudeCode(binary, claude_code.create_sandbox(tmp_path / "claude"), stub.url)
         first = claude.print_turn("hello", timeout=120)
         second = claude.print_turn("again", continue_conversation=True, timeout=120)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr

@@ -47,7 +47,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 @pytest.fixture
 def router(stack: Stack, claude_binary: Path, router_cli: Path, tmp_path: Path) -> Iterator[claude_code_router.Router]:
-    sandbox = claude_code.Sandbox.create(tmp_path / "claude")
+    sandbox = claude_code.create_sandbox(tmp_path / "claude")
     router = claude_code_router.Router.create(
         router_cli, tmp_path / "ccr", claude_config_dir=sandbox.config_dir, workdir=sandbox.workdir,
         claude_binary=claude_binary, proxy_url=stack.proxy.url, model=SERVED_MODEL, port=free_port(),

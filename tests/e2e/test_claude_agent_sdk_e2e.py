@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from stable_prefix.agents.claude_agent_sdk import AgentSdk
-from stable_prefix.agents.claude_code import ClaudeCode, Sandbox
+from stable_prefix.agents.claude_code import ClaudeCode, create_sandbox
 from tests.support import agent_stack
 from tests.support.agent_stack import Stack
 from tests.support.agent_turns import MIN_CONTINUED_REUSE, SERVED_MODEL, finished_turns, lane_turns
@@ -39,7 +39,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def test_a_script_using_the_agent_sdk_reuses_the_first_turns_prompt_on_the_second(stack, claude_binary, agent_sdk_entry, tmp_path, capsys):
-    sandbox = Sandbox.create(tmp_path / "sdk", git_repository=True)
+    sandbox = create_sandbox(tmp_path / "sdk", git_repository=True)
     sdk = AgentSdk(agent_sdk_entry, ClaudeCode(claude_binary, sandbox, stack.proxy.url))
     started = time.monotonic()
     results = sdk.run_turns(["Say hello in one word.", "Now say goodbye in one word."])

@@ -186,7 +186,7 @@ def one_scripted_turn(claude: claude_code.ClaudeCode, stack: Stack, prompt: str,
 
 def test_print_mode_conversation_reuses_the_cache_on_every_continued_turn(stack: Stack, claude_binary: Path,
                                                                            tmp_path: Path, capsys) -> None:
-    claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude"), stack.proxy.url)
+    claude = claude_code.ClaudeCode(claude_binary, claude_code.create_sandbox(tmp_path / "claude"), stack.proxy.url)
     started = time.monotonic()
     reused_after_each_turn = []
     for index, prompt in enumerate(PRINT_MODE_TURNS):
@@ -210,7 +210,7 @@ def test_print_mode_conversation_reuses_the_cache_on_every_continued_turn(stack:
 
 def test_interactive_session_keeps_title_requests_in_their_own_lane(stack: Stack, claude_binary: Path,
                                                                     tmp_path: Path, capsys) -> None:
-    claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude"), stack.proxy.url)
+    claude = claude_code.ClaudeCode(claude_binary, claude_code.create_sandbox(tmp_path / "claude"), stack.proxy.url)
     started = time.monotonic()
     reused_after_each_turn = []
     with claude.interactive() as session:
@@ -244,7 +244,7 @@ def test_a_new_conversation_in_the_same_repository_reuses_its_prompt(stack: Stac
     """Two `claude -p` conversations in one git repository, an edit and a commit
     between them: the second one's first request reuses >= 95% of its prompt
     (system prompt, tools and the environment message; it parts at the git status)."""
-    sandbox = claude_code.Sandbox.create(tmp_path / "claude", git_repository=True)
+    sandbox = claude_code.create_sandbox(tmp_path / "claude", git_repository=True)
     claude = claude_code.ClaudeCode(claude_binary, sandbox, stack.proxy.url)
     started = time.monotonic()
     first = claude.print_turn("Say hello in one word.", timeout=COLD_TURN_TIMEOUT_S)
@@ -283,7 +283,7 @@ def test_two_subagent_tasks_of_one_type_each_reuse_their_own_instances_prefix(cl
               {"tool": "Bash", "inputs": [{"command": "ls", "description": "List the files"}]},
               {"tool": "Bash", "inputs": [{"command": "git log --oneline", "description": "Show the history"}]}]
     with running_stack(tmp_path / "stack", script) as stack:
-        claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), stack.proxy.url)
+        claude = claude_code.ClaudeCode(claude_binary, claude_code.create_sandbox(tmp_path / "claude", git_repository=True), stack.proxy.url)
         turns = one_scripted_turn(claude, stack, "Explore this repository with two Explore agents at once.",
                                   "claude -p starting two Explore subagents", capsys)
 
@@ -320,7 +320,7 @@ def test_a_fork_subagent_is_served_from_the_main_lanes_cache_and_gets_a_lane_of_
     them the lanes tell it by its agent id on the main lane's signature."""
     fork = {"subagent_type": "fork", "description": "Count the files", "prompt": "Count the files in this folder."}
     with running_stack(tmp_path / "stack", [{"tool": "Agent", "inputs": [fork]}]) as stack:
-        claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), stack.proxy.url,
+        claude = claude_code.ClaudeCode(claude_binary, claude_code.create_sandbox(tmp_path / "claude", git_repository=True), stack.proxy.url,
                                         hint_headers=told, extra_environment=(("CLAUDE_CODE_FORK_SUBAGENT", "1"),))
         turns = one_scripted_turn(claude, stack, "Count the files here with a fork.",
                                   f"claude -p starting a fork ({'with' if told else 'without'} hint headers)", capsys)
@@ -354,7 +354,7 @@ def test_through_a_forward_proxy_with_message_threads_on_every_turn_reaches_the_
     script = [{"tool": "Bash", "inputs": [{"command": "ls", "description": "List the files"}]}]
     with running_stack(tmp_path / "stack", script, forward_proxy=True) as stack:
         forward = (("HTTPS_PROXY", stack.proxy.url), ("NODE_EXTRA_CA_CERTS", str(stack.ca_cert)), ("CLAUDE_CODE_TETHER_LIVE", "1"))
-        claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude", git_repository=True), None,
+        claude = claude_code.ClaudeCode(claude_binary, claude_code.create_sandbox(tmp_path / "claude", git_repository=True), None,
                                         extra_environment=forward)
         started = time.monotonic()
         result = claude.print_turn("List the files here.", timeout=2 * COLD_TURN_TIMEOUT_S)

@@ -61,7 +61,7 @@ def messages_records(stack: Launcher) -> list[dict]:
 def test_claude_code_print_mode_through_the_proxy_reuses_llama_cpps_slot_on_the_continued_turn(stack, claude_binary, tmp_path, capsys):
     # The output cap the stack enforces, told to the CLI as `stable-prefix claude` tells it.
     cap = (("CLAUDE_CODE_MAX_OUTPUT_TOKENS", str(ANSWER_TOKENS)),)
-    claude = claude_code.ClaudeCode(claude_binary, claude_code.Sandbox.create(tmp_path / "claude"), stack.url, extra_environment=cap)
+    claude = claude_code.ClaudeCode(claude_binary, claude_code.create_sandbox(tmp_path / "claude"), stack.url, extra_environment=cap)
     for index, prompt in enumerate(TURNS):
         result = claude.print_turn(prompt, continue_conversation=index > 0, timeout=TURN_TIMEOUT_S)
         assert result.returncode == 0, f"claude -p turn {index + 1} failed:\n{result.stdout}\n{result.stderr}"

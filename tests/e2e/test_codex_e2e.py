@@ -123,7 +123,7 @@ def test_every_continued_turn_reuses_its_prompt_a_tool_call_and_a_sandbox_change
     (scripted) answer runs `cat README.md`, and one that changes the sandbox mode,
     after which Codex appends a developer message (rewritten in place by the proxy)."""
     with codex_stack(tmp_path, script=[TOOL_STEP]) as stack:
-        codex = codex_cli.Codex(codex_binary, codex_cli.Sandbox.create(tmp_path / "codex", stack.proxy.url, SERVED_MODEL))
+        codex = codex_cli.Codex(codex_binary, codex_cli.create_sandbox(tmp_path / "codex", stack.proxy.url, SERVED_MODEL))
         first, _ = run(codex, stack, "Say hello in one word.")
         reused_per_run = [run(codex, stack, prompt, resume=first.session, extra=extra)[1] for prompt, extra in (
             ("Now say it in French.", ()),
@@ -168,7 +168,7 @@ def assert_greedy_answers_are_unchanged_by_the_rules(stack: Stack, requests: lis
 
 def test_a_new_conversation_in_the_same_repository_after_an_edit_and_a_commit_reuses_its_prompt(codex_binary, tmp_path, capsys):
     with codex_stack(tmp_path) as stack:
-        sandbox = codex_cli.Sandbox.create(tmp_path / "codex", stack.proxy.url, SERVED_MODEL)
+        sandbox = codex_cli.create_sandbox(tmp_path / "codex", stack.proxy.url, SERVED_MODEL)
         codex = codex_cli.Codex(codex_binary, sandbox)
         first, _ = run(codex, stack, "Say hello in one word.")
         sandbox.project.commit("notes.md", "Write the tests first.\n", "Add notes")
