@@ -19,6 +19,10 @@ every message with a special token (ChatML `<|im_start|>`, Gemma
 - where the prompt stopped matching the best stored prefix, at the last
   message start before it (or right there, inside the first message): the
   branch point the next sibling request shares.
+
+A request keeps few: each is a whole recurrent state (73.7 MiB at the
+Qwen3-Next shape) written to disk once, so a turn of a conversation takes one,
+at its generation prompt, and only a lane's first request takes the head ones.
 """
 
 from __future__ import annotations
@@ -78,7 +82,13 @@ def checkpoint_positions(
     if diverges_at > after:
         # A whole shared message is a stable branch point; inside the first
         # message (Gemma's system prompt opens the first user turn) only the
-        # divergence itself is.
+        # divergence itself is. Inside a later message it is not: that is the
+        # previous reply rendered differently from how it was generated, which
+        # no later request shares (the next turn resumes at this prompt's
+        # generation prompt), so a snapshot there would be written for nothing.
         before = [position for position in starts[1:] if after < position <= diverges_at]
-        wanted.add(before[-1] if before else diverges_at)
+        if before:
+            wanted.add(before[-1])
+        elif not [position for position in starts[1:] if position <= diverges_at]:
+            wanted.add(diverges_at)
     return sorted(position for position in wanted if after < position < len(tokens))

@@ -40,6 +40,8 @@ class WritePlan:
         while length > 0 and positional and any(key not in present_states and key not in states for key in state_keys(cut(record, length))):
             length = restorable_length(record.token_count, record.checkpoint_positions, length - 1, positional)
         self.truncated = length < record.token_count
+        if positional:
+            length = resume_point(record, length)
         self.record = cut(record, length) if length > 0 else None
         if self.record is None:
             return
@@ -54,6 +56,18 @@ class WritePlan:
         self.new_bytes = sum(file.file_bytes for file in (*self.new_blocks.values(), *self.new_states.values()))
         self.footprint = self.new_bytes + sum(present_blocks[key] for key in self.present_blocks) + sum(
             present_states[key] for key in keys_of_states if key in present_states)
+
+
+def resume_point(record: LaneRecord, length: int) -> int:
+    """Where a positional lane of `length` tokens goes on disk: its checkpoint at the end of its prompt's shared
+    part (the generation prompt's start, where the next turn resumes) if it has one, else its end.
+
+    The state after the reply serves a next turn only where the reply renders back exactly as generated (no
+    template that strips thinking does), and each state is a whole recurrent snapshot (73.7 MiB at the
+    Qwen3-Next shape), so the disk writes one per turn; RAM keeps the end as well.
+    """
+    at_prompt = [c.position for c in record.checkpoints if c.position == record.prompt_length and c.position < length]
+    return at_prompt[0] if at_prompt else length
 
 
 def with_inherited_checkpoints(record: LaneRecord, lanes: Iterable[LaneRecord], present_states: set[str]) -> LaneRecord:
