@@ -1,4 +1,4 @@
-"""`python -m stable_prefix.engine_patch warm FILE_OR_DIR... --url URL`: pre-warm a server.
+"""`stable-prefix warm FILE_OR_DIR... --url URL`: pre-warm a server (also `python -m stable_prefix.engine_patch warm`).
 
 Sends each captured request (a `captures/sessions/...` record, or a raw request
 body) to a running server with `max_tokens: 1`, so the server prefills and
@@ -6,7 +6,8 @@ keeps its prompt's KV state: right after a start, the next real request of
 that agent finds its system + tools prefix (and history) warm. A capture sends
 the body the proxy forwarded (what the engine would receive), a raw body is
 sent as it is; `--model` overrides the model name (a server answers 404 to
-names it does not serve).
+names it does not serve). It replays captures over HTTP and needs nothing of the
+engine: any server that answers the Anthropic or OpenAI API can be warmed.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def warm_one(path: Path, url: str, model: str | None, timeout: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stable_prefix.engine_patch warm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="stable-prefix warm", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", metavar="FILE_OR_DIR", help="capture records or request bodies (.json), or folders of them")
     parser.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", help="send this model name instead of the request's")

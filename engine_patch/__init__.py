@@ -5,7 +5,7 @@ The rooms, each importing only the ones listed before it:
   disk/      the disk tier under the RAM cache
   http_api/  what an HTTP client sees: admission, usage fields, the stats endpoints
   vllm_mlx/  the attachments to vllm-mlx, one folder per engine (batched/, simple/)
-  here       install.py (attaches them), __main__.py (serve and warm), warm.py; defaults.py (the modes and defaults
+  here       install.py (attaches them), __main__.py (serve, and warm from captures/); defaults.py (the modes and defaults
              the CLI offers, importing nothing heavy)
 (tests/engine/test_engine_patch_layers.py holds them to it.)
 

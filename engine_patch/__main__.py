@@ -1,5 +1,5 @@
 """`python -m stable_prefix.engine_patch serve MODEL [our flags] [any vllm-mlx serve flags]`,
-and `... warm FILE... --url URL` (pre-warm a running server with captured requests)."""
+and `... warm FILE... --url URL` (pre-warm a running server with captured requests: `captures/warm.py`)."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
         serve(argv[1:])
         return 0
     if argv and argv[0] == "warm":
-        from .warm import main as warm_main
+        from stable_prefix.captures.warm import main as warm_main
 
         return warm_main(argv[1:])
     print(USAGE, file=sys.stderr)

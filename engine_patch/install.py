@@ -34,7 +34,7 @@ from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 from stable_prefix.engine_patch.http_api import admission, http_endpoints, memory_stats
 from stable_prefix.engine_patch.vllm_mlx import detokenizer_map
-from stable_prefix.engine_patch.vllm_mlx.batched import batched_admission, batched_engine, recurrent_padding_fix
+from stable_prefix.engine_patch.vllm_mlx.batched import seams as batched_seams
 from stable_prefix.engine_patch.vllm_mlx.simple import simple_engine
 
 logger = logging.getLogger("engine_patch")
@@ -108,8 +108,7 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     if engine == "simple":
         patched = simple_engine.install(planner, drafting)
     else:
-        seams = batched_engine.BatchedEngineSeams(planner, drafting)
-        patched = seams.install() + batched_admission.install(seams.contexts) + recurrent_padding_fix.install()
+        patched = batched_seams.install(planner, drafting)
     if disk_tier is not None:
         patched += _identify_loaded_models(disk_tier)
         atexit.register(disk_tier.close, SHUTDOWN_WRITE_SECONDS)

@@ -1,4 +1,4 @@
-"""`stable-prefix router smg|haproxy|vllm-router --replica URL ...`: a router before a team's engines.
+"""The `stable-prefix router smg|haproxy|vllm-router --replica URL ...` command: a router before a team's engines.
 
 Starts the router the user picked (the pinned install, `make routers`) with our key header, the key
 policy and the retry settings (`stable_prefix/routers.py` owns them), and runs it until Ctrl-C; `--print` shows

@@ -19,8 +19,7 @@ from stable_prefix.engine_patch.cache.prompt_head import set_head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.cache.request_reuse import begin_request, current_request_reuse
 from stable_prefix.engine_patch.drafts.drafting import Drafting
-from stable_prefix.engine_patch.vllm_mlx.batched import recurrent_padding_fix
-from stable_prefix.engine_patch.vllm_mlx.batched.batched_engine import BatchedEngineSeams
+from stable_prefix.engine_patch.vllm_mlx.batched.seams import BatchedEngineSeams
 
 MAX_STEPS = 20_000
 
@@ -65,12 +64,12 @@ def patched_classes():
 
 @contextlib.contextmanager
 def batched_seams(budget_bytes: int = 256 * 2**20, block_tokens: int = BLOCK_TOKENS, drafting: Drafting | None = None) -> Iterator[BatchedEngineSeams]:
-    """The batched engine's seams on a fresh RAM cache (and `drafting`, if given), with mlx-lm's recurrent
-    padding fix as install() puts them; the classes as shipped again afterwards."""
+    """The batched engine's seams (every row of its table: mlx-lm's recurrent padding fix and the admission
+    check too) on a fresh RAM cache (and `drafting`, if given), as install() puts them; the classes as shipped
+    again afterwards."""
     saved = [(cls, dict(vars(cls))) for cls in patched_classes()]
     seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=budget_bytes, block_tokens=block_tokens)), drafting)
     seams.install()
-    recurrent_padding_fix.install()
     try:
         yield seams
     finally:

@@ -6,11 +6,12 @@ tokenized here first, the way `add_request` would (it then skips that step),
 and one the model's context cannot hold is refused before it is queued, so the
 engine thread can never schedule it (a paste far beyond the context before it
 is tokenized whole: `context_window.estimated_tokens_if_far_too_long`). The check runs in the request's own
-context (`batched_engine.py` keeps it by request id), so the HTTP layer learns
+context (`seams.py` keeps it by request id), so the HTTP layer learns
 of the refusal at once. `Scheduler._schedule_waiting` says when each request
 joins the batch: its wait in the queue is counted then. A client that
 disconnects is vllm-mlx's own business here: the batched engine aborts the
-request's prefill itself.
+request's prefill itself. Both wrappers are rows of the batched engine's seam
+table (`seams.py`), which says what they wrap and in which order.
 """
 
 from __future__ import annotations
@@ -23,12 +24,8 @@ from stable_prefix.engine_patch.cache.context_window import context_length
 from stable_prefix.engine_patch.http_api.admission import admit_prompt, record_start, refuse_if_far_too_long
 
 
-def install(contexts: dict[str, contextvars.Context]) -> list[str]:
-    from vllm_mlx.scheduler import Scheduler
-
-    add_request = getattr(Scheduler, "add_request", None)
-    if add_request is None:
-        return []
+def refuse_beyond_context(contexts: dict[str, contextvars.Context], add_request: Any) -> Any:
+    """`Scheduler.add_request`, checking the prompt against the context first, in the request's own context."""
 
     @functools.wraps(add_request)
     def add_request_if_it_fits(scheduler: Any, request: Any) -> None:
@@ -36,23 +33,22 @@ def install(contexts: dict[str, contextvars.Context]) -> list[str]:
         context.run(_check, scheduler, request) if context is not None else _check(scheduler, request)
         add_request(scheduler, request)
 
-    Scheduler.add_request = add_request_if_it_fits
-    patched = ["batched Scheduler.add_request (context check)"]
-    schedule = getattr(Scheduler, "_schedule_waiting", None)
-    if schedule is not None:
+    return add_request_if_it_fits
 
-        @functools.wraps(schedule)
-        def schedule_and_count_waits(scheduler: Any):
-            scheduled = schedule(scheduler)
-            for request in scheduled or ():
-                context = contexts.get(request.request_id)
-                if context is not None:
-                    context.run(record_start, len(request.prompt_token_ids or ()))
-            return scheduled
 
-        Scheduler._schedule_waiting = schedule_and_count_waits
-        patched.append("batched Scheduler._schedule_waiting (queue wait)")
-    return patched
+def count_queue_waits(contexts: dict[str, contextvars.Context], schedule: Any) -> Any:
+    """`Scheduler._schedule_waiting`, counting each request's wait in the queue once it has joined the batch."""
+
+    @functools.wraps(schedule)
+    def schedule_and_count_waits(scheduler: Any):
+        scheduled = schedule(scheduler)
+        for request in scheduled or ():
+            context = contexts.get(request.request_id)
+            if context is not None:
+                context.run(record_start, len(request.prompt_token_ids or ()))
+        return scheduled
+
+    return schedule_and_count_waits
 
 
 def _check(scheduler: Any, request: Any) -> None:

@@ -1,51 +1,27 @@
-"""The prefix cache inside vllm-mlx's continuous-batching engine (`--continuous-batching`).
+"""Our prefix cache inside one of vllm-mlx's continuous-batching schedulers (`--continuous-batching`).
 
-vllm-mlx 0.6.0's batched engine renders a chat request, tokenizes it in
-`Scheduler.add_request` and, at the next step, inserts it into mlx-lm's
-`BatchGenerator`, which prefills and decodes every sequence in flight
-together. The seams, each the narrowest that covers every text request:
-
-- `Scheduler.__init__`: for a model our cache serves, the shipped prefix caches
-  (memory-aware, paged, legacy, and the SSD tier under them) stay off; for any
-  other model, or a configuration whose caches ours does not build (KV
-  quantization, a KV size bound, MTP, paged or chunked prefill), they stay on,
-  so no model gets less reuse than shipped.
-- `Scheduler._schedule_waiting`: right before a request joins the batch it is
-  planned (`request_plan.py`): the longest stored prefix restored as its cache,
-  the rest left to prefill, where to checkpoint. A request whose prefix
-  another request is prefilling right now waits for it (`shared_prefill.py`).
-- the `BatchGenerator` it builds: `insert` stops each planned prefill at its
-  checkpoint positions (and at prefixes shared with waiting requests), `next`
-  snapshots there between two steps (`batch_generator_access.py`).
-- `Scheduler._process_batch_responses`: a finished sequence's state (prompt
-  and reply) is kept with its checkpoints; `_do_abort_request` and
-  `_close_batch_generator`: a sequence that leaves early keeps nothing.
-- `EngineCore.add_request`: the request's context (its reuse record for the
-  usage fields, its chat head) travels to the engine thread by request id.
-- Hybrid prompts in flight are prefilled together, never padded
-  (`recurrent_padding_fix.py`, installed beside these seams): mlx-lm 0.31 lets
-  the right padding of a prefill batch into recurrent state, and a cached
-  state must be the state of its tokens.
-- Decode steps verify each row's draft where drafting pays (`drafted_decode.py`,
-  on the same generator: its `insert` opens each row's draft session, its
-  generation batch's `next` runs the drafted step).
-- `BatchedEngine._apply_chat_template`: the chat head (system + tools), for
-  models that checkpoint it. `_compute_prefix_boundary`, which renders and
-  tokenizes every prompt twice more for the shipped cache's sake, is skipped
-  where ours serves.
+`ServedScheduler` is what runs around the scheduler's methods where ours serves
+its model (`why_not_served`: else vllm-mlx's own caches stay on, so no model gets
+less reuse than shipped): right before a request joins mlx-lm's `BatchGenerator`
+it is planned (`request_plan.py`: the longest stored prefix restored as its
+cache, the rest left to prefill, where to checkpoint), or waits for a prefill
+in flight that shares its prefix (`shared_prefill.py`); the generator's
+prefills stop at the checkpoints and shared prefixes and are snapshotted there
+between two steps (`batch_generator_access.py`); a finished sequence's state
+(prompt and reply) is kept with its checkpoints, one that leaves early keeps
+nothing. Which methods of vllm-mlx and mlx-lm are wrapped, by what and in which
+order: the table in `seams.py`.
 """
 
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import functools
 import logging
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from stable_prefix.engine_patch.cache.prompt_head import head_text, set_head_text
+from stable_prefix.engine_patch.cache.prompt_head import head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.cache.request_reuse import RequestReuse, current_request_reuse
 from stable_prefix.engine_patch.cache.shared_prefill import Prefill, SharedPrefills, source_for
@@ -102,7 +78,7 @@ class ServedScheduler:
     def tokenizer(self) -> Any:
         return self.scheduler._actual_tokenizer
 
-    # --- around the Scheduler's methods (SERVED_SEAMS): each gets the shipped method, bound, first -----------
+    # --- around the Scheduler's methods (seams.py's table): each gets the method there, bound, first -----------
 
     def around_schedule_waiting(self, schedule: Callable[[], Any]) -> Any:
         held = self.plan_waiting()
@@ -208,7 +184,8 @@ class ServedScheduler:
     # --- the BatchGenerator ----------------------------------------------------
 
     def attach(self, generator: Any) -> None:
-        """Route `generator`'s inserts and steps through this scheduler's plans."""
+        """Route `generator`'s inserts and steps through this scheduler's plans: the EACH_GENERATOR rows of
+        seams.py's table, put in in its order (drafting's insert around ours)."""
         self.generator = generator
         self.prefills.clear()
         reason = batch_generator_access.why_unsupported(generator)
@@ -295,146 +272,6 @@ class ServedScheduler:
         self.contexts.pop(request_id, None)
 
 
-# The Scheduler's methods our cache works around in a scheduler it serves -> the ServedScheduler method run around
-# the shipped one; a scheduler it does not serve (`why_not_served`) runs each as shipped.
-SERVED_SEAMS = {
-    "_schedule_waiting": "around_schedule_waiting",  # plan the requests about to join the batch
-    "_create_batch_generator": "around_create_batch_generator",  # route the generator's inserts and steps through the plans
-    "_process_batch_responses": "around_process_batch_responses",  # keep what each finished sequence holds
-    "_do_abort_request": "around_abort_request",  # a sequence that leaves early keeps nothing
-    "_close_batch_generator": "around_close_batch_generator",  # nor do those of a generator closed
-}
-# Wrapped for every scheduler: `__init__` decides whether ours serves it; the engine core's request contexts are
-# dropped for the requests an error recovery aborts, served or not.
-EVERY_SCHEDULER_SEAMS = ("__init__", "_recover_from_generation_error")
-
-
-class BatchedEngineSeams:
-    """Installs the seams above on vllm-mlx's scheduler, engine core and batched engine."""
-
-    def __init__(self, planner: PrefixPlanner, drafting: Drafting | None = None):
-        self.planner = planner
-        self.drafting = drafting
-        # request id -> the context the request was submitted in (event loop side)
-        self.contexts: dict[str, contextvars.Context] = {}
-        self.served = ServedSchedulers()
-
-    def install(self) -> list[str]:
-        from vllm_mlx import engine_core, scheduler
-
-        Scheduler = scheduler.Scheduler
-        for name in (*SERVED_SEAMS, *EVERY_SCHEDULER_SEAMS):
-            if not hasattr(Scheduler, name):
-                logger.warning("engine_patch: vllm-mlx's Scheduler has no %s; the batched engine runs as shipped", name)
-                return []
-        self._wrap_scheduler(Scheduler)
-        self._carry_request_context(engine_core.EngineCore)
-        patched = ["batched Scheduler (plans, checkpoints, shared prefills, stores)", "EngineCore request context"]
-        patched += self._carry_chat_head()
-        return patched
-
-    def _wrap_scheduler(self, Scheduler: type) -> None:
-        for name, around in SERVED_SEAMS.items():
-            setattr(Scheduler, name, self._served_seam(getattr(Scheduler, name), around))
-        Scheduler.__init__ = self._serve_or_not(Scheduler.__init__)
-        Scheduler._recover_from_generation_error = self._forget_recovered(Scheduler._recover_from_generation_error)
-
-    def _served_seam(self, shipped: Callable[..., Any], around: str) -> Callable[..., Any]:
-        """`shipped` as it was for a scheduler ours does not serve; else its ServedScheduler's `around` method, given
-        `shipped` bound to the scheduler and the call's arguments."""
-        served_of = self.served.get
-
-        @functools.wraps(shipped)
-        def seam(scheduler, *args):
-            served = served_of(scheduler)
-            if served is None:
-                return shipped(scheduler, *args)
-            return getattr(served, around)(functools.partial(shipped, scheduler), *args)
-
-        return seam
-
-    def _serve_or_not(self, init: Callable[..., None]) -> Callable[..., None]:
-        seams = self
-
-        @functools.wraps(init)
-        def __init__(scheduler, model, tokenizer, config=None):
-            from vllm_mlx.scheduler import SchedulerConfig
-
-            config = config or SchedulerConfig()
-            reason = why_not_served(seams.planner, model, config)
-            if reason is None:
-                config = dataclasses.replace(config, enable_prefix_cache=False, ssd_cache_dir=None)
-            init(scheduler, model, tokenizer, config)
-            if reason is not None:
-                logger.warning("engine_patch: the batched engine keeps vllm-mlx's own prefix cache: %s", reason)
-                return
-            seams.served[scheduler] = ServedScheduler(scheduler, seams.planner, seams.contexts, seams.drafting)
-            if seams.drafting is not None:
-                seams.drafting.prepare(model)  # at start: auto measures its verify-cost curve
-            logger.info("engine_patch: the batched engine's prefix cache is ours (vllm-mlx's own is off)")
-
-        return __init__
-
-    def _forget_recovered(self, recover: Callable[[Any], list[str]]) -> Callable[[Any], list[str]]:
-        contexts = self.contexts
-
-        @functools.wraps(recover)
-        def _recover_from_generation_error(scheduler):
-            aborted = recover(scheduler)
-            for request_id in aborted:  # dropped without an abort
-                contexts.pop(request_id, None)
-            return aborted
-
-        return _recover_from_generation_error
-
-    def _carry_request_context(self, EngineCore: type) -> None:
-        add_request = EngineCore.add_request
-        contexts = self.contexts
-
-        @functools.wraps(add_request)
-        async def add_request_in_context(engine, prompt, sampling_params=None, request_id=None, **kwargs):
-            request_id = request_id or str(uuid.uuid4())
-            contexts[request_id] = contextvars.copy_context()
-            try:
-                return await add_request(engine, prompt, sampling_params, request_id, **kwargs)
-            except BaseException:
-                contexts.pop(request_id, None)
-                raise
-
-        EngineCore.add_request = add_request_in_context
-
-    def _carry_chat_head(self) -> list[str]:
-        try:
-            from vllm_mlx.engine.batched import BatchedEngine
-            from vllm_mlx.engine.chat_template_safety import build_system_prompt_cache_prefix
-        except ImportError:
-            return []
-        render = getattr(BatchedEngine, "_apply_chat_template", None)
-        boundary = getattr(BatchedEngine, "_compute_prefix_boundary", None)
-        if render is None or boundary is None:
-            return []
-        seams = self
-
-        @functools.wraps(render)
-        def render_and_note_head(engine, messages, tools=None, num_images=0, num_audios=0, chat_template_kwargs=None, enable_thinking=None):
-            prompt = render(engine, messages, tools, num_images, num_audios, chat_template_kwargs, enable_thinking)
-            template = EngineTemplate(lambda probe: render(engine, probe, tools, 0, 0, chat_template_kwargs, enable_thinking))
-            set_head_text(lambda: build_system_prompt_cache_prefix(template, messages, template_kwargs={}))
-            return prompt
-
-        @functools.wraps(boundary)
-        def prefix_boundary_unless_ours(engine, *args, **kwargs):
-            return 0 if seams._serves(engine) else boundary(engine, *args, **kwargs)
-
-        BatchedEngine._apply_chat_template = render_and_note_head
-        BatchedEngine._compute_prefix_boundary = prefix_boundary_unless_ours
-        return ["BatchedEngine chat head"]
-
-    def _serves(self, engine: Any) -> bool:
-        scheduler = getattr(getattr(getattr(engine, "_engine", None), "engine", None), "scheduler", None)
-        return scheduler is not None and scheduler in self.served
-
-
 class ServedSchedulers:
     """Which schedulers ours serves: each one's ServedScheduler kept on the scheduler itself.
 
@@ -460,14 +297,3 @@ class ServedSchedulers:
 def full_prompt(prompt: list[int]) -> list[int]:
     """A prompt as inserted into the generator, whole: a planned one carries the tokens its cache restored."""
     return list(prompt.prefill.plan.tokens) if isinstance(prompt, PlannedTokens) else list(prompt)
-
-
-class EngineTemplate:
-    """Renders probe messages the way the batched engine renders its prompts (its tools, kwargs, thinking),
-    so vllm-mlx's own system-prefix probe finds the head of the prompt this engine really built."""
-
-    def __init__(self, render):
-        self.render = render
-
-    def apply_chat_template(self, messages, **_):
-        return self.render(messages)

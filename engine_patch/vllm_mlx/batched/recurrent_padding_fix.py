@@ -66,22 +66,31 @@ def _has_recurrent_layers(generator: Any) -> bool:
     return _recurrent[generator]
 
 
-def install() -> list[str]:
-    """Make every `BatchGenerator` step prefill unpadded for models with recurrent layers."""
-    original = BatchGenerator._next
-    if getattr(original, "unpadded_for_recurrent_layers", False):
-        return []
+def unpadded_steps(next_step: Any) -> Any:
+    """`BatchGenerator._next` (mlx-lm's step) made to prefill unpadded for models with recurrent layers: a row of the
+    batched engine's seam table (`seams.py`); `next_step` itself where it is already this fix."""
+    if getattr(next_step, "unpadded_for_recurrent_layers", False):
+        return next_step
 
-    @functools.wraps(original)
+    @functools.wraps(next_step)
     def _next(generator):
         if _has_recurrent_layers(generator):
             if batch_generator_access.why_unsupported(generator) is None:
                 cut_to_one_length(batch_generator_access.segments_of_next_prefill(generator), generator.prefill_step_size)
             else:
                 generator.prefill_batch_size = 1  # no way to cut the segments here: one prompt per prefill, never padded
-        return original(generator)
+        return next_step(generator)
 
     _next.unpadded_for_recurrent_layers = True
-    BatchGenerator._next = _next
     logger.info("engine_patch: mlx-lm's BatchGenerator prefills hybrid prompts together, unpadded (recurrent padding fix)")
+    return _next
+
+
+def install() -> list[str]:
+    """The fix alone, for what runs mlx-lm's generator without vllm-mlx (probes, checks); the batched engine's
+    `install()` puts it in with its other seams."""
+    fixed = unpadded_steps(BatchGenerator._next)
+    if fixed is BatchGenerator._next:
+        return []
+    BatchGenerator._next = fixed
     return ["mlx-lm BatchGenerator recurrent padding fix (equal prefill chunks)"]
