@@ -288,7 +288,9 @@ AGENT = CodingAgent(
                       environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"])),
     conversation=conversation,
     resends=Resends(after_error_event=NOT_STREAMED, after_silent_cut=STREAMED),
-    lanes=LaneFacts("claude-cli/", frozenset({"Task", "Agent"}), SESSION_ID_HEADER, AGENT_ID_HEADER, AGENT_ID_HEADER, random_ids=True),
+    # Subagents start with `Task`/`Agent`; a subagent's requests carry its (random) agent id, every request the session's.
+    lanes=LaneFacts("claude-cli/", frozenset({"Task", "Agent"}), session_header=SESSION_ID_HEADER, subagent_header=AGENT_ID_HEADER,
+                    instance_header=AGENT_ID_HEADER, random_ids=True),
 )
 
 

@@ -130,7 +130,8 @@ AGENT = CodingAgent(
                       environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"])),
     conversation=OpenCode.conversation,
     resends=Resends(after_error_event=STREAMED, after_silent_cut=STREAMED),
-    lanes=LaneFacts("opencode/", frozenset({"task"}), "x-session-id", "x-parent-session-id", "x-session-id"),
+    lanes=LaneFacts("opencode/", frozenset({"task"}), session_header="x-session-id", subagent_header="x-parent-session-id",
+                    instance_header="x-session-id"),
 )
 
 
