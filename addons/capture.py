@@ -6,8 +6,8 @@
 Writes `<capture_dir>/<session>/NNNN-<lane>.json` for each `POST /v1/messages`,
 `POST /v1/chat/completions` and `POST /v1/responses` (nothing for other flows):
 method, path, headers as the client sent them with credentials redacted (the routing key that replaced some beside them), the body as the client sent it
-and as it was forwarded, the changes and prefix diagnosis (from strip_billing.py
-when it is loaded, else computed here with no rules applied), and a response
+and as it was forwarded, the changes and prefix diagnosis (from strip_billing.py's addons, the one
+diagnosis: loaded alone, capture records none and names the lane `unknown`), and a response
 summary: status, usage (incl. `cache_read_input_tokens` /
 `prompt_tokens_details.cached_tokens` / `input_tokens_details.cached_tokens`),
 llama.cpp's `timings` (`cache_n` reused, `prompt_n` prefilled; the last a stream sent),
@@ -45,9 +45,8 @@ from mitmproxy.utils import human
 from stable_prefix.addons import exposure
 from stable_prefix.addons.capture_budget import AGE_OPTION, BYTES_OPTION, Budget, enforce
 from stable_prefix.addons.capture_folder import claim_new_session, last_record_number, record_file_name, write_private, write_record
-from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadableJson, api_of, client_headers, parse_json, utf8_json
-from stable_prefix.addons.response_chains import ResponseChains
+from stable_prefix.addons.flow_notes import CLIENT_ROUTING_HEADERS, FLOW_NOTES, client_headers
+from stable_prefix.addons.request_body import UnreadableJson, api_of, parse_json, utf8_json
 from stable_prefix.addons.sse_events import EventStream, merge_usage
 from stable_prefix.usage import timings_in
 
@@ -187,8 +186,6 @@ class Capture:
         # Kept here, not in flow.metadata, which must stay serializable (`mitmdump -w`).
         self.observers: dict[str, UsageObserver] = {}
         self.cut_streams: dict[str, UsageObserver] = {}  # by flow id: streams cut, still observed while the proxy completes them
-        self.diagnosis = PrefixDiagnosis()  # used only when strip_billing is not loaded
-        self.chains = ResponseChains()  # likewise: Responses histories behind previous_response_id
 
     def load(self, loader) -> None:
         loader.add_option("capture_dir", str, "", f"Where capture sessions go (default: {DEFAULT_CAPTURE_DIR} in the working directory).")
@@ -331,12 +328,6 @@ class Capture:
         summary = response_summary(flow, observer)
         if flow.error is not None and observer is not None:
             self._keep_cut(flow.id, observer)
-        if lane is None and isinstance(client_body, dict) and isinstance(forwarded_body, dict):
-            resolve = self.chains.resolved if api == "responses" else (lambda body: body)
-            result = self.diagnosis.observe(PromptSnapshot.of(resolve(client_body), api, client_headers(flow)), resolve(forwarded_body))
-            lane, diagnosis = result.lane, result.to_json()
-            if api == "responses" and summary.get("status") == 200:
-                self.chains.remember(forwarded_body, {"id": summary.get("response_id"), "output": summary.get("output")})
         return {
             "format": RECORD_FORMAT,
             "session": self.session_dir.name,

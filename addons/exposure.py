@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 
+from mitmproxy import ctx
 from mitmproxy.proxy.mode_specs import ProxyMode
 
 logger = logging.getLogger(__name__)
@@ -64,3 +65,13 @@ def warn_if_exposed(options) -> None:
             "fill the capture folder with their requests. Bind to loopback with --listen-host 127.0.0.1 (and "
             f"--set web_host=127.0.0.1), or --set {OPTION}=true if that is intended."
         )
+
+
+class ExposureWarning:
+    """The addon, for a script whose requests hold the user's code: the warning once the proxy runs."""
+
+    def load(self, loader) -> None:
+        declare_option(loader)
+
+    def running(self) -> None:
+        warn_if_exposed(ctx.options)

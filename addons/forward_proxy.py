@@ -29,9 +29,10 @@ import logging
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from mitmproxy import exceptions, http
+from mitmproxy import ctx, exceptions, http
 
 from stable_prefix.addons import engine_errors
+from stable_prefix.addons.flow_notes import FLOW_NOTES, append_comment
 from stable_prefix.addons.request_body import LeftAlone, is_anthropic_host, read_json_body, write_json_body
 
 logger = logging.getLogger(__name__)
@@ -55,15 +56,6 @@ class Engine:
     @property
     def url(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
-
-
-def declare_option(loader) -> None:
-    loader.add_option(
-        OPTION, str, "",
-        "As a forward proxy (--mode regular, the client's HTTPS_PROXY, no ANTHROPIC_BASE_URL): send every request for "
-        "Anthropic's hosts to this engine instead (e.g. http://127.0.0.1:8000), with message threads kept off; nothing "
-        "reaches Anthropic. Empty: requests to Anthropic's hosts pass through untouched.",
-    )
 
 
 def engine_from_options(options) -> Engine | None:
@@ -130,3 +122,31 @@ def refusal(message: str) -> http.Response:
     """A 400 in Anthropic's error shape, as the API answers a request it will not take."""
     body = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
     return http.Response.make(400, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+class ForwardProxy:
+    """The addon: with `anthropic_engine` set, a request for an Anthropic host goes to the engine, its thread kept
+    off; a thread's `continue` is answered here (the addons after it then leave the flow alone)."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            OPTION, str, "",
+            "As a forward proxy (--mode regular, the client's HTTPS_PROXY, no ANTHROPIC_BASE_URL): send every request for "
+            "Anthropic's hosts to this engine instead (e.g. http://127.0.0.1:8000), with message threads kept off; nothing "
+            "reaches Anthropic. Empty: requests to Anthropic's hosts pass through untouched.",
+        )
+
+    def configure(self, updated) -> None:
+        self.engine = engine_from_options(ctx.options)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if self.engine is None or flow.response or flow.error or not flow.live or not send_to_engine(flow.request, self.engine):
+            return
+        refused = keep_threads_off(flow.request)
+        if refused:
+            flow.response = refusal(refused)
+            flow.metadata[FLOW_NOTES] = {"answered_by_proxy": "a message-thread continue (the engine holds no threads)"}
+            append_comment(flow, f"refused: {flow.metadata[FLOW_NOTES]['answered_by_proxy']}")

@@ -26,8 +26,9 @@ from collections import Counter
 
 from mitmproxy import ctx, exceptions, http
 
+from stable_prefix.addons.flow_notes import FLOW_NOTES, client_headers
 from stable_prefix.addons.lanes import LaneNames, lane_signature
-from stable_prefix.addons.request_body import FLOW_NOTES, client_headers, write_json_body
+from stable_prefix.addons.request_body import write_json_body
 from stable_prefix.addons.slot_lanes import SlotLanes, SlotPlan, slot_file
 
 logger = logging.getLogger(__name__)

@@ -4,8 +4,8 @@ What is volatile and how each piece is made stable is `rules/` (one module
 per rule, listed in `rules.RULES`, in the order they run); what a self-hosted
 server and a strict router need of a body is `server_compat.py` and
 `router_compat.py`, which run after the rules. Each edits the parsed body in
-place and returns the `Change`s it made; the proxy addon (`strip_billing.py`,
-through `request_body.normalize_request`), the captures CLI (`diff
+place and returns the `Change`s it made; the proxy's normalizer addon
+(`normalizer.py`), the captures CLI (`diff
 --normalized`) and the benchmark's client all normalize through here.
 """
 

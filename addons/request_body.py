@@ -1,14 +1,9 @@
-"""Which flows the addons may touch, their JSON bodies in and out, and the
-rules applied to a whole request (`normalize_request`).
+"""Which flows the addons may touch, and their JSON bodies in and out.
 
 The rule for everything that is not clearly ours: forward it byte for byte.
-`read_json_body` says why a request is left alone (and `normalize_request`
-logs it, once per request); only a body that was actually changed is written
-back (`write_json_body`), re-encoded with the request's own content-encoding
-and with a correct content-length. A Responses body whose `input` is neither a
-string nor a list is left alone too; items of a type no rule reads stay as they
-are, and each such type is named once in the log (`UnreadItems`), not on every
-request.
+`read_json_body` says why a request is left alone; only a body that was
+actually changed is written back (`write_json_body`), re-encoded with the
+request's own content-encoding and with a correct content-length.
 
 What "readable" means (`parse_json`): strict UTF-8, strict JSON (no NaN or
 Infinity, no number that overflows to one, no key twice in one object: a
@@ -16,32 +11,20 @@ re-encoded body would silently keep only the last), nested at most
 `MAX_NESTING` deep (every later step walks the body; Python's recursion limit
 must never be what stops a request). Anything else passes untouched.
 
-(This lives here, not in the script `strip_billing.py`: mitmproxy loads
-scripts without registering them in sys.modules, where dataclasses look.)
+Body I/O only: a small addon that reads a body imports this and nothing of
+the rules or the diagnosis (the rules over a whole request are `normalizer.py`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mitmproxy import http
 
-from stable_prefix.addons import normalize, responses_input
-from stable_prefix.addons.diagnosis import PromptSnapshot
 from stable_prefix.addons.request_shape import Api, api_for
-from stable_prefix.addons.rules.base import Change
-
-logger = logging.getLogger(__name__)
-
-# flow.metadata key under which strip_billing leaves its notes on a flow.
-FLOW_NOTES = "stable_prefix"
-# flow.metadata key: the client's values of the headers the routing key replaced (None: it sent none).
-CLIENT_ROUTING_HEADERS = "stable_prefix_client_routing_headers"
 
 # Anthropic's own API: stripping there can break billing or auth, so hands off.
 ANTHROPIC_DOMAINS = ("anthropic.com", "claude.ai")
@@ -145,27 +128,6 @@ def read_json_body(request: http.Request) -> dict | LeftAlone:
     return body
 
 
-def unreadable_shape(body: dict, api: Api) -> LeftAlone | None:
-    """Why a parsed body of this API is not one the rules can read, or None."""
-    if api == "responses" and not isinstance(body.get("input"), (str, list)):
-        kind = "missing" if "input" not in body else f"a JSON {type(body['input']).__name__}"
-        return LeftAlone(f"Responses body whose input is {kind}, not a string or a list of items")
-    return None
-
-
-class UnreadItems:
-    """Names each Responses item type no rule reads once, the first time a request carries it."""
-
-    def __init__(self) -> None:
-        self.reported: set[str] = set()
-
-    def note(self, request: http.Request, body: dict) -> None:
-        for kind in sorted(responses_input.unread_item_types(body) - self.reported):
-            self.reported.add(kind)
-            logger.info(f"{request.method} {request.path}: input items of type {kind!r} are not read by any rule; "
-                        "they are forwarded as they are (logged once)")
-
-
 def utf8_json(text: str) -> bytes:
     """JSON text as UTF-8. A lone surrogate (`"\\ud83d"`, half an emoji cut by
     a client) is valid JSON but has no UTF-8 form: it is written back as a
@@ -182,53 +144,3 @@ def encode_json(body: dict) -> bytes:
 def write_json_body(request: http.Request, body: dict) -> None:
     # `content` (not raw_content) re-applies the content-encoding and sets content-length.
     request.content = encode_json(body)
-
-
-@dataclass(frozen=True)
-class NormalizedRequest:
-    api: Api
-    client_body: bytes  # as the client sent it (content-encoding undone)
-    body: dict  # as forwarded
-    changes: list[Change]
-
-    def client_snapshot(self, headers: Mapping[str, str] | None = None) -> PromptSnapshot:
-        """The client's prompt, for the diagnosis (parsed again from the bytes
-        it sent: the rules edited the parsed body in place); `headers` name
-        the subagent instance and session."""
-        return PromptSnapshot.of(json.loads(self.client_body), self.api, headers)
-
-
-def normalize_request(request: http.Request, rules: normalize.Rules, unread: UnreadItems | None = None) -> NormalizedRequest | None:
-    """Apply the rules to a request in place; None (request untouched) when it
-    is not ours or its body cannot be read, which is logged when unexpected."""
-    api = api_of(request)
-    if api is None:
-        return None
-    body = read_json_body(request)
-    if not isinstance(body, LeftAlone):
-        body = unreadable_shape(body, api) or body
-    if isinstance(body, LeftAlone):
-        logger.warning(f"{request.method} {request.path}: {body.reason}; passed through unchanged")
-        return None
-    if unread is not None and api == "responses":
-        unread.note(request, body)
-    client_body = request.get_content()
-    changes = normalize.normalize(body, api, rules)
-    if changes:
-        write_json_body(request, body)
-        logger.debug(f"{request.path}: " + "; ".join(map(str, changes)))
-    return NormalizedRequest(api, client_body, body, changes)
-
-
-def client_headers(flow: http.HTTPFlow) -> http.Headers:
-    """The request's headers as the client sent them: the routing key's headers put back."""
-    replaced = flow.metadata.get(CLIENT_ROUTING_HEADERS)
-    if not replaced:
-        return flow.request.headers
-    headers = flow.request.headers.copy()
-    for name, value in replaced.items():
-        if value is None:
-            headers.pop(name, None)
-        else:
-            headers[name] = value
-    return headers

@@ -18,13 +18,21 @@ count the held items first. A response the proxy did not see (forwarded
 before it started, or held past `RESPONSES_KEPT`) cannot be resolved: prompt
 order then names it (`previous_response_id`), and a break there has the cause
 `history held by the server`.
+
+`FollowResponseChains` is the addon that fills them, as the answers pass.
 """
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 
+from mitmproxy import http
+
+from stable_prefix.addons.flow_notes import FLOW_NOTES
 from stable_prefix.addons.responses_input import as_items
+from stable_prefix.addons.sse_events import EventStream
+from stable_prefix.addons.streaming import is_event_stream
 
 # How many responses' histories are kept (each about the size of its request body).
 RESPONSES_KEPT = 64
@@ -60,3 +68,47 @@ class ResponseChains:
         self._held[response["id"]] = as_items(resolved.get("input")) + output
         while len(self._held) > self.kept:
             self._held.popitem(last=False)
+
+
+class FollowResponseChains:
+    """The addon: follows each diagnosed Responses answer as it passes (its id and output items, out of the
+    events of a streamed one) and holds its history in `chains`, which the diagnosis reads."""
+
+    def __init__(self, chains: ResponseChains | None = None) -> None:
+        self.chains = chains if chains is not None else ResponseChains()
+        # Responses answers being streamed, by flow id (flow.metadata must stay serializable).
+        self.answers: dict[str, EventStream] = {}
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        notes = flow.metadata.get(FLOW_NOTES) or {}
+        # Only a diagnosed request's: the histories serve the diagnosis (which runs first in this hook).
+        if notes.get("api") == "responses" and "diagnosis" in notes and flow.response and is_event_stream(flow.response):
+            flow.response.stream = self._follow_answer(flow, flow.response.stream)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        """A Responses answer is complete: hold its history for a request that continues it."""
+        answer = self.answers.pop(flow.id, None)
+        if flow.metadata.get(FLOW_NOTES, {}).get("api") != "responses" or flow.response is None or flow.response.status_code != 200:
+            return
+        try:
+            forwarded = json.loads(flow.request.get_content(strict=False) or b"")
+            response = answer.response if answer is not None else json.loads(flow.response.get_content(strict=False) or b"")
+        except ValueError:
+            return
+        if isinstance(forwarded, dict) and isinstance(response, dict):
+            self.chains.remember(forwarded, response)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.answers.pop(flow.id, None)
+
+    def _follow_answer(self, flow: http.HTTPFlow, previous):
+        """A stream callable that reads the events as the server sent them and
+        passes each chunk on (through `previous`, another addon's, if any)."""
+        answer = self.answers[flow.id] = EventStream()
+        previous = previous if callable(previous) else None
+
+        def follow(chunk: bytes):
+            answer.feed(chunk)
+            return previous(chunk) if previous else chunk
+
+        return follow

@@ -115,25 +115,6 @@ TEAM_STALL_TIMEOUT_S = 300
 IDLE_READ_LIMIT_S = 600.0
 
 
-def declare_option(loader) -> None:
-    loader.add_option(
-        OPTION, str, "replay",
-        "When the engine breaks off a streamed chat completion (its replica died), complete it in the client's open stream: "
-        "replay (send the request again, skip what the client has, checked piece by piece: exact under greedy decoding; "
-        "where it differs, continue), continue (the engine continues the text delivered so far), off (end it with the error event).",
-    )
-    loader.add_option(
-        STALL_OPTION, int, 0,
-        "Seconds without a byte from the upstream while a streamed answer is in flight (after its headers) before its replica is "
-        "taken for frozen (a Mac asleep, a network partition: the connection stays open, nothing comes) and the stream is cut as a "
-        "dead replica's: a chat completion is completed on the survivor the upstream (a router) picks, another stream ends with the "
-        "protocol's error event for the agent to send again; the recovery's own reads wait no longer. 0 (the default): off. Before "
-        "one local engine there is no survivor to ask, and a long prefill sends no byte for minutes (a cold 100K-token prompt on a Mac, "
-        "or a request queued behind others: engines send no keep-alive). `stable-prefix up --upstream` (a team behind a router) sets "
-        f"{TEAM_STALL_TIMEOUT_S}: above such a prefill, where a frozen replica would otherwise hold the turn forever.",
-    )
-
-
 def parse_mode(value: str) -> str:
     if value not in MODES:
         raise exceptions.OptionsError(f"{OPTION}={value!r}: not one of {', '.join(MODES)}")
@@ -691,7 +672,22 @@ class StreamRecovery:
         self.watch: asyncio.Task | None = None
 
     def load(self, loader) -> None:
-        declare_option(loader)
+        loader.add_option(
+            OPTION, str, "replay",
+            "When the engine breaks off a streamed chat completion (its replica died), complete it in the client's open stream: "
+            "replay (send the request again, skip what the client has, checked piece by piece: exact under greedy decoding; "
+            "where it differs, continue), continue (the engine continues the text delivered so far), off (end it with the error event).",
+        )
+        loader.add_option(
+            STALL_OPTION, int, 0,
+            "Seconds without a byte from the upstream while a streamed answer is in flight (after its headers) before its replica is "
+            "taken for frozen (a Mac asleep, a network partition: the connection stays open, nothing comes) and the stream is cut as a "
+            "dead replica's: a chat completion is completed on the survivor the upstream (a router) picks, another stream ends with the "
+            "protocol's error event for the agent to send again; the recovery's own reads wait no longer. 0 (the default): off. Before "
+            "one local engine there is no survivor to ask, and a long prefill sends no byte for minutes (a cold 100K-token prompt on a Mac, "
+            "or a request queued behind others: engines send no keep-alive). `stable-prefix up --upstream` (a team behind a router) sets "
+            f"{TEAM_STALL_TIMEOUT_S}: above such a prefill, where a frozen replica would otherwise hold the turn forever.",
+        )
         client_writes.register("stream_recovery", complete_broken_stream)
 
     def configure(self, updated) -> None:

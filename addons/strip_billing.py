@@ -23,206 +23,58 @@ answer as it passes (its id and output items), so that a later request
 continuing it (`previous_response_id`) is diagnosed with the history the server
 puts in front of it (`response_chains.py`).
 
+The proxy is the list at the end (`addons`), one concern per addon, in the
+order mitmproxy runs their hooks (its own `default_addons()` is such a list):
+- `ForwardProxy` (`forward_proxy.py`): Anthropic's hosts answered by the engine
+  when `anthropic_engine` is set;
+- `Normalizer` (`normalizer.py`): the rules and the server's needs, each its option;
+- `RoutingKey` (`routing_key.py`): the lane's key in `lane_routing_header`;
+- `DiagnosePrefix` (`prefix_diagnosis.py`): the one diagnosis per request,
+  made when the upstream answers, into the log and `flow.comment`;
+- `StreamEventStreams` (`streaming.py`): server-sent events streamed, never buffered;
+- `FollowResponseChains` (`response_chains.py`): the Responses histories the diagnosis reads;
+- `LlamaSlots` (`llama_slots.py`): llama.cpp's slot lanes (off unless `llama_slots`);
+- `StreamRecovery` (`stream_recovery.py`): broken-off chat streams completed;
+- `EngineErrors` (`engine_errors.py`): the protocol's error when the engine fails;
+- `ExposureWarning` (`exposure.py`): the warning when the proxy listens beyond loopback.
+
 Conventions for the addons in this folder:
 - `mitmdump -s addons/x.py` loads a file as a script; it imports its siblings
   as `stable_prefix.addons.*` (the same modules tests import), which `make
-  setup` installs into the venv (editable).
+  setup` installs into the venv (editable). Addons with dataclasses live in
+  those modules, not in a script (mitmproxy does not register a script in
+  sys.modules, where dataclasses look).
 - Hooks are small; the logic lives in plain functions tested directly.
-- Options are declared in `load()`, parsed in `configure()`; a bad value raises
-  OptionsError naming the option and the value. Each is written beside the
-  code that reads it: a rule's in its record (`rules/`), the others in their
-  modules (`server_compat.OPTIONS`, `engine_errors.declare_option`, ...); this
-  script declares the rest.
-- What this addon learned about a flow is in `flow.metadata["stable_prefix"]`
-  (`request_body.FLOW_NOTES`): api, client_body (bytes as sent), changes,
-  lane, diagnosis (JSON); `capture.py` reads it.
-- Notes for the user go to the log and are appended to `flow.comment`.
+- Each addon declares the options it reads in `load()` and parses them in
+  `configure()`; a bad value raises OptionsError naming the option and the
+  value. A rule's option is written in its record (`rules/`).
+- What the addons learned about a flow is in `flow.metadata["stable_prefix"]`
+  (`flow_notes.py`); `capture.py` reads it. Notes for the user go to the log
+  and into `flow.comment`.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import re
-
-from mitmproxy import ctx, exceptions, http
-
-from stable_prefix.addons import engine_errors, exposure, forward_proxy, normalize, router_compat, rules, server_compat
-from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
-from stable_prefix.addons.lanes import ROUTING_KEY_SCOPES, routing_key
+from stable_prefix.addons.engine_errors import EngineErrors
+from stable_prefix.addons.exposure import ExposureWarning
+from stable_prefix.addons.forward_proxy import ForwardProxy
 from stable_prefix.addons.llama_slots import LlamaSlots
-from stable_prefix.addons.request_body import CLIENT_ROUTING_HEADERS, FLOW_NOTES, UnreadItems, client_headers, normalize_request
-from stable_prefix.addons.response_chains import ResponseChains
-from stable_prefix.addons.sse_events import EventStream
+from stable_prefix.addons.normalizer import Normalizer
+from stable_prefix.addons.prefix_diagnosis import DiagnosePrefix
+from stable_prefix.addons.response_chains import FollowResponseChains, ResponseChains
+from stable_prefix.addons.routing_key import RoutingKey
 from stable_prefix.addons.stream_recovery import StreamRecovery
-
-logger = logging.getLogger(__name__)
-
-BROKEN_PREFIX_MARK = ":warning:"
-# An HTTP header name (RFC 9110 token).
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-# flow.metadata key of a request whose diagnosis waits for the upstream's answer.
-PENDING_DIAGNOSIS = "stable_prefix_pending"
+from stable_prefix.addons.streaming import StreamEventStreams
 
 
-def is_event_stream(response: http.Response) -> bool:
-    return response.headers.get("content-type", "").lower().startswith("text/event-stream")
+def proxy_addons() -> list:
+    """The proxy's addons, in the order their hooks run: the forward proxy answers before anything reads the
+    request; the routing key and the diagnosis read what the normalizer made; the diagnosis runs before the
+    Responses chains follow what it diagnosed; the slot lanes pin the normalized body; the stream recovery
+    follows the streams turned on before it. (What goes out on a failure is ordered in `client_writes.py`.)"""
+    chains = ResponseChains()
+    return [ForwardProxy(), Normalizer(), RoutingKey(), DiagnosePrefix(chains), StreamEventStreams(), FollowResponseChains(chains),
+            LlamaSlots(), StreamRecovery(), EngineErrors(), ExposureWarning()]
 
 
-def append_comment(flow: http.HTTPFlow, line: str) -> None:
-    flow.comment = f"{flow.comment}\n{line}" if flow.comment else line
-
-
-def prepend_comment(flow: http.HTTPFlow, line: str) -> None:
-    flow.comment = f"{line}\n{flow.comment}" if flow.comment else line
-
-
-def rules_from_options(options) -> normalize.Rules:
-    """The rules as the options set them; raises OptionsError naming a bad value."""
-    switches = {rule.option.name: getattr(options, rule.option.name) for rule in rules.RULES}
-    return normalize.Rules(**switches, **server_compat.settings_from_options(options),
-                           strict_router_body=getattr(options, router_compat.OPTION.name))
-
-
-def routing_headers_from_option(value: str) -> tuple[str, ...]:
-    """The header names of `lane_routing_header` (comma-separated); raises OptionsError naming a bad one."""
-    names = tuple(name.strip() for name in value.split(",") if name.strip())
-    for name in names:
-        if not _HEADER_NAME.fullmatch(name):
-            raise exceptions.OptionsError(f"lane_routing_header={value!r}: {name!r} is not an HTTP header name")
-    return names
-
-
-class StripBilling:
-    def __init__(self) -> None:
-        self.rules = normalize.Rules()
-        self.anthropic_engine: forward_proxy.Engine | None = None
-        self.routing_headers: tuple[str, ...] = ()
-        self.diagnosis = PrefixDiagnosis()
-        self.unread_items = UnreadItems()
-        self.chains = ResponseChains()
-        # Responses answers being streamed, by flow id (flow.metadata must stay serializable).
-        self.answers: dict[str, EventStream] = {}
-
-    def load(self, loader) -> None:
-        for option in (*(rule.option for rule in rules.RULES), *server_compat.OPTIONS, router_compat.OPTION):
-            option.declare(loader)
-        loader.add_option("prefix_diagnosis", bool, True, "Log a prefix diagnosis per request and put it in flow.comment.")
-        loader.add_option(
-            "lane_routing_header", str, "",
-            "Add this header (or these, comma-separated) to forwarded requests, holding a stable key of the request's lane "
-            "(32 hex digits: a hash of its system text, tools and leading context), for routers that keep a key on one "
-            "replica; e.g. x-smg-routing-key (smg, HAProxy) or x-session-id (vllm-router). Empty: off.",
-        )
-        loader.add_option(
-            "routing_key_scope", str, "head",
-            "What the routing key names: head (system, tools and leading context: all lanes of a user, project and day "
-            "that share a head, a fan-out's instances together) or lane (each subagent instance a key of its own).",
-        )
-        forward_proxy.declare_option(loader)
-        exposure.declare_option(loader)
-
-    def configure(self, updated) -> None:
-        self.rules = rules_from_options(ctx.options)
-        self.diagnosis.rules = self.rules
-        self.anthropic_engine = forward_proxy.engine_from_options(ctx.options)
-        self.routing_headers = routing_headers_from_option(ctx.options.lane_routing_header)
-        if ctx.options.routing_key_scope not in ROUTING_KEY_SCOPES:
-            raise exceptions.OptionsError(f"routing_key_scope={ctx.options.routing_key_scope!r}: not one of {', '.join(ROUTING_KEY_SCOPES)}")
-
-    def running(self) -> None:
-        exposure.warn_if_exposed(ctx.options)
-
-    def request(self, flow: http.HTTPFlow) -> None:
-        if flow.response or flow.error or not flow.live:
-            return
-        if self.anthropic_engine is not None and forward_proxy.send_to_engine(flow.request, self.anthropic_engine):
-            refused = forward_proxy.keep_threads_off(flow.request)
-            if refused:
-                flow.response = forward_proxy.refusal(refused)
-                flow.metadata[FLOW_NOTES] = {"answered_by_proxy": "a message-thread continue (the engine holds no threads)"}
-                append_comment(flow, f"refused: {flow.metadata[FLOW_NOTES]['answered_by_proxy']}")
-                return
-        result = normalize_request(flow.request, self.rules, self.unread_items)
-        if result is None:
-            return
-        notes = {"api": result.api, "client_body": result.client_body, "changes": [str(change) for change in result.changes]}
-        if result.changes:
-            append_comment(flow, "normalized: " + "; ".join(notes["changes"]))
-        flow.metadata[FLOW_NOTES] = notes
-        strict = [change for change in result.changes if change.rule == router_compat.STRICT_ROUTER]
-        if strict:
-            logger.info(f"{router_compat.OPTION.name}: " + "; ".join(map(str, strict)))
-        if self.routing_headers:
-            key = routing_key(result.body, result.api, flow.request.headers, ctx.options.routing_key_scope)
-            # The diagnosis reads the client's own headers (opencode names its sessions in x-session-id).
-            flow.metadata[CLIENT_ROUTING_HEADERS] = {name: flow.request.headers.get(name) for name in self.routing_headers}
-            for name in self.routing_headers:
-                flow.request.headers[name] = key
-        if ctx.options.prefix_diagnosis:
-            flow.metadata[PENDING_DIAGNOSIS] = result
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        follows_answer = self.diagnose(flow) == "responses"
-        # Without this mitmproxy buffers the whole answer (and swallows SSE).
-        if flow.response and is_event_stream(flow.response):
-            if follows_answer:
-                flow.response.stream = self._follow_answer(flow, flow.response.stream)
-            elif not flow.response.stream:
-                flow.response.stream = True
-
-    def response(self, flow: http.HTTPFlow) -> None:
-        """A Responses answer is complete: hold its history for a request that continues it."""
-        answer = self.answers.pop(flow.id, None)
-        if flow.metadata.get(FLOW_NOTES, {}).get("api") != "responses" or flow.response is None or flow.response.status_code != 200:
-            return
-        try:
-            forwarded = json.loads(flow.request.get_content(strict=False) or b"")
-            response = answer.response if answer is not None else json.loads(flow.response.get_content(strict=False) or b"")
-        except ValueError:
-            return
-        if isinstance(forwarded, dict) and isinstance(response, dict):
-            self.chains.remember(forwarded, response)
-
-    def error(self, flow: http.HTTPFlow) -> None:
-        self.answers.pop(flow.id, None)
-        self.diagnose(flow)
-
-    def _follow_answer(self, flow: http.HTTPFlow, previous):
-        """A stream callable that reads the events as the server sent them and
-        passes each chunk on (through `previous`, another addon's, if any)."""
-        answer = self.answers[flow.id] = EventStream()
-        previous = previous if callable(previous) else None
-
-        def follow(chunk: bytes):
-            answer.feed(chunk)
-            return previous(chunk) if previous else chunk
-
-        return follow
-
-    def diagnose(self, flow: http.HTTPFlow) -> str | None:
-        """The diagnosis of a request waiting for it; returns the request's API (None: none waited)."""
-        result = flow.metadata.pop(PENDING_DIAGNOSIS, None)
-        if result is None:
-            return None
-        client, forwarded, changes = result.client_snapshot(client_headers(flow)), result.body, result.changes
-        if result.api == "responses" and isinstance(result.body.get("previous_response_id"), str):
-            # The server reads the stored history first: so does the diagnosis (paths shift, no segment reuse).
-            client = PromptSnapshot.of(self.chains.resolved(json.loads(result.client_body)), result.api, client_headers(flow))
-            forwarded, changes = self.chains.resolved(result.body), None
-        diagnosis = self.diagnosis.observe(client, forwarded, changes=changes)
-        flow.metadata[FLOW_NOTES].update(lane=diagnosis.lane, diagnosis=diagnosis.to_json())
-        logger.info(diagnosis.line())
-        prepend_comment(flow, diagnosis.line())
-        if diagnosis.prefix_broke:
-            flow.marked = BROKEN_PREFIX_MARK
-        return result.api
-
-    def done(self) -> None:
-        for line in self.diagnosis.summary_lines():
-            logger.info(line)
-
-
-# StreamRecovery after StripBilling: it follows the streams StripBilling turned on, and wraps what engine_errors installs.
-# LlamaSlots after StripBilling: it pins the body StripBilling normalized (off unless llama_slots is set).
-addons = [StripBilling(), LlamaSlots(), StreamRecovery(), engine_errors.EngineErrors()]
+addons = proxy_addons()

@@ -15,7 +15,9 @@ from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons.capture import Capture
-from stable_prefix.addons.strip_billing import StripBilling
+from stable_prefix.addons.llama_slots import LlamaSlots
+from stable_prefix.addons.stream_recovery import StreamRecovery
+from stable_prefix.addons.strip_billing import proxy_addons
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,22 @@ def anthropic_stream(usage: dict | None) -> list[bytes]:
     return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
 
 
-def _answer(flow: http.HTTPFlow, exchange: Exchange, strip: StripBilling, capture: Capture) -> None:
+def _hook(addons: list, name: str, flow: http.HTTPFlow) -> None:
+    """One hook on each addon that has it, in the list's order, as mitmproxy calls it."""
+    for addon in addons:
+        if hasattr(addon, name):
+            getattr(addon, name)(flow)
+
+
+def _answer(flow: http.HTTPFlow, exchange: Exchange, strip: list, capture: Capture) -> None:
     if exchange.ttft_s is None:
         flow.response = tutils.tresp(headers=http.Headers(((b"content-type", b"application/json"),)),
                                      content=json.dumps({"type": "message", "usage": exchange.usage or {}}).encode())
-        strip.responseheaders(flow)
+        _hook(strip, "responseheaders", flow)
         capture.responseheaders(flow)
         return
     flow.response = tutils.tresp(headers=http.Headers(((b"content-type", b"text/event-stream"),)), content=b"")
-    strip.responseheaders(flow)
+    _hook(strip, "responseheaders", flow)
     capture.responseheaders(flow)
     flow.request.timestamp_end = time.time() - exchange.ttft_s  # the first output, just below, comes that long after
     for chunk in anthropic_stream(exchange.usage):
@@ -56,16 +65,17 @@ def _answer(flow: http.HTTPFlow, exchange: Exchange, strip: StripBilling, captur
 
 def write_session(directory: Path, exchanges: list[Exchange], *, name: str = "s") -> Path:
     """The capture folder `directory/name` holding `exchanges`, sent in order (a folder that exists is continued)."""
-    strip, capture = StripBilling(), Capture()
-    with taddons.context(strip, capture) as tctx:
+    # strip_billing.py's addons but llama.cpp's slot lanes and the stream recovery (no upstream to pin or to ask again).
+    strip, capture = [addon for addon in proxy_addons() if not isinstance(addon, (LlamaSlots, StreamRecovery))], Capture()
+    with taddons.context(*strip, capture) as tctx:
         tctx.configure(capture, capture_dir=str(directory), capture_session=name)
         for exchange in exchanges:
             headers = http.Headers(((b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in exchange.headers.items())))
             request = tutils.treq(host="127.0.0.1", method=b"POST", path=b"/v1/messages", headers=headers, content=json.dumps(exchange.body).encode())
             flow = tflow.tflow(req=request)
-            strip.request(flow)
+            _hook(strip, "request", flow)
             capture.request(flow)
             _answer(flow, exchange, strip, capture)
-            strip.response(flow)
+            _hook(strip, "response", flow)
             capture.response(flow)
     return directory / name

@@ -8,8 +8,8 @@ from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons.capture import REDACTED, Capture, UsageObserver
-from stable_prefix.addons.strip_billing import StripBilling
 from tests.fixtures import claude_code
+from tests.support.proxy_addons import NO_RULES, DiagnosedCapture, ProxyAddons
 
 SCRIPT = Path(__file__).resolve().parents[2] / "addons" / "capture.py"
 
@@ -53,9 +53,9 @@ def records(directory):
 
 @pytest.fixture
 def capture(tmp_path):
-    addon = Capture()
+    addon = DiagnosedCapture()  # capture with the one diagnosis before it, its rules off
     with taddons.context(addon) as tctx:
-        tctx.configure(addon, capture_dir=str(tmp_path), capture_session="s1")
+        tctx.configure(addon, capture_dir=str(tmp_path), capture_session="s1", **NO_RULES)
         yield addon
 
 
@@ -89,7 +89,7 @@ def test_alone_it_diagnoses_with_no_rules_applied(capture, tmp_path):
 
 @pytest.mark.parametrize("order", ["strip_billing first", "capture first"])
 def test_with_strip_billing_in_either_order_it_records_both_bodies(tmp_path, order):
-    capture, strip = Capture(), StripBilling()
+    capture, strip = Capture(), ProxyAddons()
     with taddons.context(strip, capture) as tctx:
         tctx.configure(capture, capture_dir=str(tmp_path), capture_session="s1")
         tctx.configure(strip, upstream_model="served")
@@ -97,6 +97,7 @@ def test_with_strip_billing_in_either_order_it_records_both_bodies(tmp_path, ord
         for addon in ([strip, capture] if order == "strip_billing first" else [capture, strip]):
             addon.request(flow)
         json_response(flow, {})
+        strip.responseheaders(flow)  # the answer's headers: the diagnosis is made
         capture.response(flow)
     [record] = records(tmp_path)
     assert record["client_body"] == claude_code.main_request(cch="9f2c1")
@@ -214,7 +215,7 @@ def test_the_script_file_loads_as_mitmdump_loads_it():
 
 def test_a_record_keeps_the_clients_own_headers_and_the_routing_key_that_replaced_them_beside(tmp_path):
     """opencode names its sessions in x-session-id, the header vllm-router reads a lane's key from."""
-    capture, strip = Capture(), StripBilling()
+    capture, strip = Capture(), ProxyAddons()
     with taddons.context(strip, capture) as tctx:
         tctx.configure(capture, capture_dir=str(tmp_path), capture_session="s1")
         tctx.configure(strip, lane_routing_header="x-session-id,x-smg-routing-key")

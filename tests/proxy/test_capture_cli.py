@@ -10,9 +10,9 @@ from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons.capture import Capture
-from stable_prefix.addons.strip_billing import StripBilling
 from stable_prefix.captures.cli import main
 from tests.fixtures import claude_code
+from tests.support.proxy_addons import ProxyAddons
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def run(capsys, *argv):
 def captured_session(directory, bodies):
     """Records written by the real addons, as a mitmdump session would;
     `bodies` holds request bodies or (body, extra headers) pairs."""
-    capture, strip = Capture(), StripBilling()
+    capture, strip = Capture(), ProxyAddons()
     with taddons.context(strip, capture) as tctx:
         tctx.configure(capture, capture_dir=str(directory), capture_session="s")
         for item in bodies:
@@ -42,6 +42,7 @@ def captured_session(directory, bodies):
             strip.request(flow)
             capture.request(flow)
             flow.response = tutils.tresp(headers=http.Headers(((b"content-type", b"application/json"),)), content=b'{"usage": {"input_tokens": 9, "cache_read_input_tokens": 1500}}')
+            strip.responseheaders(flow)  # the answer's headers: the diagnosis is made
             capture.response(flow)
     return directory / "s"
 

@@ -8,9 +8,9 @@ from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons import forward_proxy
-from stable_prefix.addons.request_body import FLOW_NOTES
-from stable_prefix.addons.strip_billing import StripBilling
+from stable_prefix.addons.flow_notes import FLOW_NOTES
 from tests.fixtures import claude_code
+from tests.support.proxy_addons import ProxyAddons
 
 ENGINE = "http://127.0.0.1:8000"
 BETAS = "claude-code-20250219,message-threads-2026-08-12,effort-2025-11-24"
@@ -26,7 +26,7 @@ def anthropic_flow(body, *, host="api.anthropic.com", beta=BETAS, path="/v1/mess
 
 @pytest.fixture
 def addon():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, anthropic_engine=ENGINE, prefix_diagnosis=False)
         yield addon
@@ -77,7 +77,7 @@ def test_a_request_for_another_host_is_left_where_it_goes(addon):
 
 
 def test_without_the_option_anthropics_hosts_pass_through_untouched():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon):
         flow = anthropic_flow(first_party_request())
         before = flow.request.content
@@ -87,7 +87,7 @@ def test_without_the_option_anthropics_hosts_pass_through_untouched():
 
 @pytest.mark.parametrize("value", ["127.0.0.1:8000", "ftp://127.0.0.1", "http://127.0.0.1:8000/v1"])
 def test_an_engine_that_is_not_a_plain_http_address_is_refused_naming_the_option(value):
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx, pytest.raises(exceptions.OptionsError, match=f"anthropic_engine={value!r}"):
         tctx.configure(addon, anthropic_engine=value)
 

@@ -8,16 +8,16 @@ from mitmproxy import exceptions
 from mitmproxy.test import taddons
 
 from stable_prefix.addons.llama_slots import LlamaSlots
-from stable_prefix.addons.strip_billing import StripBilling
 from stable_prefix.servers import REPO_ROOT
 from tests.fixtures import claude_code
 from tests.proxy.test_capture_addon import api_flow
+from tests.support.proxy_addons import ProxyAddons
 
 
 def forwarded_slots(*requests: tuple[dict, dict | None], slots: int = 2) -> list[int | None]:
-    """Each request through StripBilling and LlamaSlots (slot files off: nothing to call), answered in turn: the
+    """Each request through ProxyAddons and LlamaSlots (slot files off: nothing to call), answered in turn: the
     `id_slot` its forwarded body names."""
-    strip, lanes = StripBilling(), LlamaSlots()
+    strip, lanes = ProxyAddons(), LlamaSlots()
     with taddons.context(strip, lanes) as tctx:
         tctx.configure(lanes, llama_slots=slots, llama_slot_files=False)
 

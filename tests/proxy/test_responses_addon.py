@@ -10,10 +10,10 @@ from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons.capture import Capture
-from stable_prefix.addons.request_body import FLOW_NOTES
+from stable_prefix.addons.flow_notes import FLOW_NOTES
 from stable_prefix.addons.sse_events import format_event
-from stable_prefix.addons.strip_billing import StripBilling
 from tests.fixtures import codex
+from tests.support.proxy_addons import NO_RULES, DiagnosedCapture, ProxyAddons
 
 SCRIPT = Path(__file__).resolve().parents[2] / "addons" / "strip_billing.py"
 USAGE = {"input_tokens": 900, "output_tokens": 3, "total_tokens": 903, "input_tokens_details": {"cached_tokens": 880}}
@@ -65,7 +65,7 @@ def json_answer(addons, flow, payload):
 
 @pytest.fixture
 def addon():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, upstream_model="tiny", max_tokens_cap=64)
         yield addon
@@ -80,7 +80,7 @@ def test_a_codex_request_reaches_the_engine_with_the_served_model_name(addon):
 
 def test_the_script_file_normalizes_a_responses_request():
     with taddons.context() as tctx:
-        script_addon, _llama_slots, _stream_recovery = tctx.script(str(SCRIPT)).addons
+        [script_addon] = [addon for addon in tctx.script(str(SCRIPT)).addons if type(addon).__name__ == "Normalizer"]
         tctx.options.update(upstream_model="tiny", max_tokens_cap=64)
         script_addon.configure({"upstream_model", "max_tokens_cap"})
         flow = responses_flow({"model": "gpt-5.4", "input": "hi", "max_output_tokens": 100000})
@@ -121,7 +121,7 @@ def test_a_streamed_answer_passes_unchanged_and_a_request_continuing_it_is_diagn
 
 
 def test_capture_loaded_first_still_sees_every_chunk_and_records_the_answer(tmp_path):
-    capture, strip = Capture(), StripBilling()
+    capture, strip = Capture(), ProxyAddons()
     with taddons.context(strip, capture) as tctx:
         tctx.configure(capture, capture_dir=str(tmp_path), capture_session="s1")
         conversation = codex.Conversation("Say hello.")
@@ -137,9 +137,9 @@ def test_capture_loaded_first_still_sees_every_chunk_and_records_the_answer(tmp_
 
 
 def test_capture_alone_records_a_json_answer_and_diagnoses_a_continued_one(tmp_path):
-    capture = Capture()
+    capture = DiagnosedCapture()  # the one diagnosis, its rules off
     with taddons.context(capture) as tctx:
-        tctx.configure(capture, capture_dir=str(tmp_path), capture_session="s1")
+        tctx.configure(capture, capture_dir=str(tmp_path), capture_session="s1", **NO_RULES)
         for number, body in enumerate([{"model": "m", "input": "Say hello."}, {"model": "m", "previous_response_id": "resp_1", "input": "More."}], 1):
             flow = responses_flow(body)
             capture.request(flow)

@@ -5,15 +5,15 @@ import json
 from mitmproxy.test import taddons
 
 from stable_prefix.addons.capture import Capture
-from stable_prefix.addons.strip_billing import StripBilling
 from stable_prefix.captures.cli import main
 from tests.fixtures import codex
 from tests.proxy.test_responses_addon import json_answer, response_object, responses_flow
+from tests.support.proxy_addons import ProxyAddons
 
 
 def captured(directory, bodies_and_headers):
     """Each request through strip_billing and capture, answered with a whole response object."""
-    capture, strip = Capture(), StripBilling()
+    capture, strip = Capture(), ProxyAddons()
     with taddons.context(strip, capture) as tctx:
         tctx.configure(capture, capture_dir=str(directory), capture_session="s")
         for number, (body, headers) in enumerate(bodies_and_headers, 1):

@@ -14,8 +14,8 @@ from stable_prefix.addons import normalize, rules
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.rules.base import Change, Option, Rule
 from stable_prefix.addons.rules.billing_header import drop_system_lines
-from stable_prefix.addons.strip_billing import StripBilling
 from tests.fixtures import claude_code
+from tests.support.proxy_addons import ProxyAddons
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "proxy.md"
 TABLE_START = "<!-- the rules' table: made from addons/rules by tests/proxy/test_rule_records.py, which prints it when it drifts -->"
@@ -47,7 +47,7 @@ def test_rule_names_options_and_labels_are_each_used_once():
 
 
 def test_every_rule_option_is_a_bool_the_addon_declares_with_the_records_default_and_help():
-    with taddons.context(StripBilling()) as tctx:
+    with taddons.context(ProxyAddons()) as tctx:
         for rule in rules.RULES:
             declared = tctx.options._options[rule.option.name]
             assert (declared.typespec, declared.default, declared.help) == (bool, rule.option.default, rule.option.help)
@@ -93,7 +93,7 @@ def shouting(request: dict, shout: str = SHOUT) -> dict:
 
 
 def test_a_rule_added_to_the_list_is_declared_by_the_addon_and_switched_by_its_option(with_shout_rule):
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx:
         assert tctx.options.drop_shout_lines is True and addon.rules.enabled("shout_line")
         tctx.configure(addon, drop_shout_lines=False)

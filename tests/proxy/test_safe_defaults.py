@@ -11,9 +11,9 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons import exposure
 from stable_prefix.addons.capture import Capture
-from stable_prefix.addons.strip_billing import StripBilling
 from tests.fixtures import claude_code
 from tests.support.processes import LOOPBACK, free_port, mitmdump_command, running
+from tests.support.proxy_addons import DiagnosedCapture, ProxyAddons
 
 WARNING = "listening beyond this machine"
 
@@ -31,7 +31,7 @@ def start_addon(addon, caplog, **options):
     return caplog.text
 
 
-@pytest.mark.parametrize("addon_class", [StripBilling, Capture])
+@pytest.mark.parametrize("addon_class", [ProxyAddons, Capture])
 def test_listening_on_every_interface_is_warned_about(addon_class, caplog, tmp_path):
     text = start_addon(addon_class(), caplog, listen_host="", mode=["reverse:http://127.0.0.1:8000"])
     assert WARNING in text
@@ -40,26 +40,26 @@ def test_listening_on_every_interface_is_warned_about(addon_class, caplog, tmp_p
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "my-laptop.local"])
 def test_a_non_loopback_listen_host_is_warned_about(host, caplog):
-    assert f"on {host}" in start_addon(StripBilling(), caplog, listen_host=host, mode=["reverse:http://127.0.0.1:8000"])
+    assert f"on {host}" in start_addon(ProxyAddons(), caplog, listen_host=host, mode=["reverse:http://127.0.0.1:8000"])
 
 
 def test_a_listen_address_in_the_mode_spec_counts(caplog):
-    text = start_addon(StripBilling(), caplog, listen_host="127.0.0.1", mode=["reverse:http://127.0.0.1:8000@0.0.0.0:8080"])
+    text = start_addon(ProxyAddons(), caplog, listen_host="127.0.0.1", mode=["reverse:http://127.0.0.1:8000@0.0.0.0:8080"])
     assert WARNING in text and "on 0.0.0.0" in text
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
 def test_loopback_listen_hosts_are_not_warned_about(host, caplog):
-    assert WARNING not in start_addon(StripBilling(), caplog, listen_host=host, mode=["reverse:http://127.0.0.1:8000"])
+    assert WARNING not in start_addon(ProxyAddons(), caplog, listen_host=host, mode=["reverse:http://127.0.0.1:8000"])
 
 
 def test_the_option_says_the_exposure_is_intended(caplog):
-    assert WARNING not in start_addon(StripBilling(), caplog, listen_host="0.0.0.0", expose_proxy=True)
+    assert WARNING not in start_addon(ProxyAddons(), caplog, listen_host="0.0.0.0", expose_proxy=True)
 
 
 def test_two_scripts_warn_once(caplog):
     caplog.set_level(logging.WARNING)
-    addons = [StripBilling(), Capture()]
+    addons = [ProxyAddons(), Capture()]
     with taddons.context(*addons) as tctx:
         tctx.options.update(listen_host="0.0.0.0")
         for addon in addons:
@@ -117,7 +117,7 @@ def test_an_existing_capture_folder_keeps_its_mode_and_the_session_folder_is_pri
 
 def test_the_default_capture_folder_is_under_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    addon = Capture()
+    addon = DiagnosedCapture()  # the record is named by the lane the diagnosis gives it
     with taddons.context(addon) as tctx:
         tctx.configure(addon, capture_session="s1")
         captured_one_request(addon)

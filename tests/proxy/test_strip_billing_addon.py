@@ -9,10 +9,10 @@ import pytest
 from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
-from stable_prefix.addons import strip_billing
-from stable_prefix.addons.request_body import FLOW_NOTES
-from stable_prefix.addons.strip_billing import StripBilling
+from stable_prefix.addons import normalizer
+from stable_prefix.addons.flow_notes import FLOW_NOTES
 from tests.fixtures import claude_code
+from tests.support.proxy_addons import ProxyAddons
 
 SCRIPT = Path(__file__).resolve().parents[2] / "addons" / "strip_billing.py"
 
@@ -39,7 +39,7 @@ def forward(addon, flow):
 
 @pytest.fixture
 def addon():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx:
         addon.tctx = tctx
         yield addon
@@ -218,7 +218,7 @@ def test_bad_option_values_are_rejected_naming_option_and_value(addon, option, v
 
 
 def test_event_stream_responses_are_streamed():
-    addon = StripBilling()
+    addon = ProxyAddons()
     sse = tflow.tflow(resp=tutils.tresp(headers=http.Headers(((b"content-type", b"text/event-stream; charset=utf-8"),))))
     plain = tflow.tflow(resp=tutils.tresp(headers=http.Headers(((b"content-type", b"application/json"),))))
     addon.responseheaders(sse)
@@ -232,7 +232,7 @@ def test_existing_stream_callable_is_kept():
 
     flow = tflow.tflow(resp=tutils.tresp(headers=http.Headers(((b"content-type", b"text/event-stream"),))))
     flow.response.stream = transform
-    StripBilling().responseheaders(flow)
+    ProxyAddons().responseheaders(flow)
     assert flow.response.stream is transform
 
 
@@ -311,11 +311,12 @@ def test_a_request_the_upstream_never_answered_is_diagnosed_too(addon):
 def test_the_script_file_loads_as_mitmdump_loads_it():
     with taddons.context() as tctx:
         script = tctx.script(str(SCRIPT))
-        addon, slots, recovery, _errors = script.addons  # the rules, llama.cpp's slot lanes, the stream recovery, the error answers
-        assert script.__name__.startswith("__mitmproxy_script__") and type(addon).__name__ == "StripBilling"
-        assert type(slots).__name__ == "LlamaSlots"
-        assert type(recovery).__name__ == "StreamRecovery"
-        assert script.normalize is strip_billing.normalize  # one set of rules, not a copy
+        names = [type(addon).__name__ for addon in script.addons]  # one concern each, in the order their hooks run
+        assert names == ["ForwardProxy", "Normalizer", "RoutingKey", "DiagnosePrefix", "StreamEventStreams", "FollowResponseChains",
+                         "LlamaSlots", "StreamRecovery", "EngineErrors", "ExposureWarning"]
+        addon = script.addons[names.index("Normalizer")]
+        assert script.__name__.startswith("__mitmproxy_script__")
+        assert type(addon) is normalizer.Normalizer  # one set of rules, not a copy
         tctx.options.update(upstream_model="served")  # the options the script declared
         addon.configure({"upstream_model"})
         flow = api_flow(claude_code.main_request())

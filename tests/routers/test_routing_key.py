@@ -8,10 +8,10 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons import normalize, request_shape
 from stable_prefix.addons.lanes import routing_key
-from stable_prefix.addons.strip_billing import StripBilling
 from tests.fixtures import claude_code
 from tests.support.llm_client import send
 from tests.support.processes import LOOPBACK, free_port, mitmdump_command, running, serving
+from tests.support.proxy_addons import ProxyAddons
 from tests.support.recording_anthropic_stub import RecordingHandler
 
 HEADER = "x-session-id"
@@ -69,7 +69,7 @@ def request_flow(body: dict):
 
 
 def test_the_addon_adds_the_header_when_the_option_names_one():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, lane_routing_header=HEADER)
         flow = request_flow(claude_code.main_request())
@@ -78,7 +78,7 @@ def test_the_addon_adds_the_header_when_the_option_names_one():
 
 
 def test_no_header_is_added_by_default():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon):
         flow = request_flow(claude_code.main_request())
         addon.request(flow)
@@ -86,7 +86,7 @@ def test_no_header_is_added_by_default():
 
 
 def test_a_header_name_that_is_not_one_is_refused():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx, pytest.raises(exceptions.OptionsError, match="lane_routing_header='x session'"):
         tctx.configure(addon, lane_routing_header="x session")
 
@@ -128,7 +128,7 @@ def test_the_lane_scope_leaves_the_main_agents_key_its_heads():
 
 
 def test_the_key_goes_out_under_every_header_the_option_names():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, lane_routing_header="x-smg-routing-key, x-session-id")
         flow = request_flow(claude_code.main_request())
@@ -137,7 +137,7 @@ def test_the_key_goes_out_under_every_header_the_option_names():
 
 
 def test_an_unknown_key_scope_is_refused():
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx, pytest.raises(exceptions.OptionsError, match="routing_key_scope='user'"):
         tctx.configure(addon, routing_key_scope="user")
 
@@ -149,9 +149,9 @@ def test_the_first_turn_and_the_next_share_a_key_though_the_first_marks_its_envi
 
 def test_the_diagnosis_reads_the_clients_own_value_of_a_header_the_key_replaced():
     """opencode names its sessions in x-session-id, the header vllm-router reads the key from."""
-    from stable_prefix.addons.request_body import client_headers
+    from stable_prefix.addons.flow_notes import client_headers
 
-    addon = StripBilling()
+    addon = ProxyAddons()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, lane_routing_header="x-session-id,x-smg-routing-key")
         flow = request_flow(claude_code.main_request())

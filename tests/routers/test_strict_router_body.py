@@ -7,8 +7,8 @@ from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons import normalize, router_compat
-from stable_prefix.addons.strip_billing import StripBilling
 from tests.fixtures import claude_code, codex
+from tests.support.proxy_addons import ProxyAddons
 
 STRICT = normalize.Rules(strict_router_body=True, max_tokens_cap=8192)
 
@@ -84,7 +84,7 @@ def test_off_by_default_the_body_keeps_every_field():
 
 
 def test_the_addon_logs_each_drop(caplog):
-    addon = StripBilling()
+    addon = ProxyAddons()
     flow = tflow.tflow(req=tutils.treq(host="127.0.0.1", port=8000, method=b"POST", path=b"/v1/messages",
                                        headers=http.Headers(((b"content-type", b"application/json"),)),
                                        content=json.dumps(copy.deepcopy(claude_code_332())).encode()))

@@ -21,7 +21,7 @@ from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons.capture import Capture
-from stable_prefix.addons.strip_billing import StripBilling
+from tests.support.proxy_addons import ProxyAddons
 
 SERVED_MODEL = "served-model"
 MAX_TOKENS_CAP = 4096
@@ -46,7 +46,7 @@ class Forwarded:
 
 
 class AddonPipeline:
-    def __init__(self, strip: StripBilling, capture: Capture, session_dir: Path, lines: _Lines) -> None:
+    def __init__(self, strip: ProxyAddons, capture: Capture, session_dir: Path, lines: _Lines) -> None:
         self.strip, self.capture, self.session_dir, self.lines = strip, capture, session_dir, lines
         self.seen: set[Path] = set()
 
@@ -71,7 +71,7 @@ class AddonPipeline:
 
 @contextlib.contextmanager
 def addon_pipeline(capture_dir: Path, session: str = "fuzz") -> Iterator[AddonPipeline]:
-    strip, capture = StripBilling(), Capture()
+    strip, capture = ProxyAddons(), Capture()
     lines = _Lines()
     logger = logging.getLogger("stable_prefix")
     logger.addHandler(lines)
