@@ -23,7 +23,7 @@ def imported_modules(path: Path, source: str | None = None) -> set[str]:
 
 
 def room_of(dotted: str) -> str:
-    """The room a dotted name under engine_patch belongs to ("" for the top: install, __main__, warm)."""
+    """The room a dotted name under engine_patch belongs to ("" for the top: install, __main__, defaults)."""
     inside = dotted.removeprefix(PACKAGE).lstrip(".")
     first = inside.split(".")[0]
     return first if first in ROOMS else ""

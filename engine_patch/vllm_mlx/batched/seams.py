@@ -156,7 +156,8 @@ class BatchedEngineSeams:
             if replacement is not current:  # the recurrent padding fix, put in already, is not put in twice
                 replacement.seam = seam  # after functools.wraps, which copies the wrapped one's attributes
                 setattr(seam.owner, seam.name, replacement)
-            patched.append(seam.label)
+            if seam.label not in patched:
+                patched.append(seam.label)
         return patched
 
     # --- the wrappers of the class rows: each given the method there now, returning its replacement -------------
