@@ -2,8 +2,9 @@
 live line, `stable-prefix report` and the bench's replay (engine_patch/http_api/usage_fields.py writes these fields).
 
 Each server reports it its own way, and only its own figure counts, never a guess of ours:
-- the Anthropic usage, `cache_read_input_tokens` beside `input_tokens` (the part prefilled): the patched engine,
-  llama.cpp's `/v1/messages` (in `message_start` when streamed), vLLM's;
+- the Anthropic usage, `cache_read_input_tokens` beside `input_tokens` and `cache_creation_input_tokens` (the parts
+  prefilled; the prompt is the three together): the patched engine, llama.cpp's `/v1/messages` (in `message_start`
+  when streamed), vLLM's (whose answer not streamed counts what it prefilled and cached as created);
 - the OpenAI usage, `prompt_tokens_details.cached_tokens` of `prompt_tokens` (chat completions) or
   `input_tokens_details.cached_tokens` of `input_tokens` (Responses): the patched engine, llama.cpp, vLLM with
   `--enable-prompt-tokens-details` (without it vLLM sends `prompt_tokens_details: null`);
@@ -21,9 +22,9 @@ from typing import Any
 
 def reuse_from_usage(usage: dict[str, Any]) -> tuple[int, int] | None:
     """(prompt tokens, reused tokens) from Anthropic, OpenAI or Responses API usage, when the server reported reuse."""
-    reused = usage.get("cache_read_input_tokens")
-    if isinstance(reused, int):
-        return usage.get("input_tokens", 0) + reused, reused
+    reused, created = usage.get("cache_read_input_tokens"), usage.get("cache_creation_input_tokens")
+    if isinstance(reused, int) or isinstance(created, int):
+        return anthropic_prompt_tokens(usage), reused or 0
     for total, details in (("prompt_tokens", "prompt_tokens_details"), ("input_tokens", "input_tokens_details")):
         cached = (usage.get(details) or {}).get("cached_tokens")
         if isinstance(cached, int) and isinstance(usage.get(total), int):
@@ -56,8 +57,13 @@ def reuse_in_record(response: dict[str, Any]) -> tuple[int, int] | None:
     return reuse_reported(response.get("usage"), response.get("timings"))
 
 
+def anthropic_prompt_tokens(usage: dict[str, Any]) -> int:
+    """An Anthropic usage's prompt: the tokens after the last cache breakpoint, read from the cache and written to it."""
+    return sum(usage.get(name) or 0 for name in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+
+
 def prompt_tokens_in_usage(usage: dict[str, Any]) -> int | None:
-    """The prompt's size as the server counted it (Anthropic input + cached input tokens, OpenAI prompt_tokens)."""
+    """The prompt's size as the server counted it (Anthropic's three parts, OpenAI's prompt_tokens)."""
     if isinstance(usage.get("input_tokens"), int):
-        return usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0)
+        return anthropic_prompt_tokens(usage)
     return usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
