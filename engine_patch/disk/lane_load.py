@@ -3,11 +3,17 @@
 A block or state that is damaged (deleted, counted in `disk_errors`) or gone
 (another server evicted it: counted in `disk_blocks_missing`) ends the entry at
 the longest prefix before it that the lane restores: never a wrong answer.
+
+Each file's bytes are read once (`mx.load`, into the arrays the block keeps);
+its checksums are checked on another thread while the next file is read, and
+every block's check has passed before the load returns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,7 +24,7 @@ from stable_prefix.engine_patch.cache.prefix_index import restorable_length
 
 from .persisted_entry import BlockPiece, LaneRecord, block_from_arrays, cut, state_from_arrays
 from .snapshot_directory import BLOCK, STATE, SnapshotDirectory
-from .snapshot_file import SnapshotHeader, load_arrays, read_header
+from .snapshot_file import SnapshotHeader, load_unchecked, read_header
 
 
 class Faults(Protocol):
@@ -29,6 +35,17 @@ class Faults(Protocol):
     def count_error(self, what: str, error: BaseException) -> None: ...
 
     def delete_bad_file(self, path: Path) -> None: ...
+
+
+@dataclass(frozen=True)
+class PendingCheck:
+    """A file read and built whose checksums are still being checked."""
+
+    kind: str
+    path: Path
+    header: SnapshotHeader
+    checked: Future
+    start: int = 0  # a block's first token
 
 
 class LaneLoad:
@@ -44,13 +61,27 @@ class LaneLoad:
         """Collect the blocks of the first `length` tokens; the length they restore (shorter if one is bad or gone)."""
         pieces: list[BlockPiece] = cut(self.record, length).blocks
         held = held_blocks([piece.key for piece in pieces])
+        pending: list[PendingCheck] = []
+        stop = None  # the first token of the first block that is bad or gone
         for piece in pieces:
-            block = held.get(piece.key) or self._read(BLOCK, piece.key, lambda header, arrays, piece=piece:
-                                                       block_from_arrays(piece, header.tokens, arrays, header.metadata, self.record))
+            block = held.get(piece.key)
             if block is None:
-                return self._restorable(piece.start)
+                read = self._read(BLOCK, piece.key, lambda header, arrays, piece=piece:
+                                  block_from_arrays(piece, header.tokens, arrays, header.metadata, self.record), piece.start)
+                if read is None:
+                    stop = piece.start
+                    break
+                block, check = read
+                pending.append(check)
             self.refs.append(BlockRef(block, piece.used))
-        return length
+        for check in pending:  # in order: the first block failing its checksums ends the lane
+            if not self._passed(check):
+                stop = check.start
+                break
+        if stop is None:
+            return length
+        self.refs = [ref for ref in self.refs if ref.block.start < stop]
+        return self._restorable(stop)
 
     def entry(self, length: int, held_checkpoints: dict[str, Checkpoint]) -> CachedPrefix | None:
         """The entry of the first `length` tokens, its positional states read (shorter if the state at its end is bad)."""
@@ -59,7 +90,7 @@ class LaneLoad:
         def state(key: str, position: int, pinned: bool = False) -> Checkpoint | None:
             if key not in states:
                 held = held_checkpoints.get(key)
-                layers = held.layers if held is not None and held.position == position else self._read(
+                layers = held.layers if held is not None and held.position == position else self._read_checked(
                     STATE, key, lambda header, arrays: state_from_arrays(key, position, arrays, header.metadata, self.record))
                 states[key] = None if layers is None else Checkpoint(position, layers, snapshot_nbytes(layers), pinned, key)
             return states[key]
@@ -79,19 +110,37 @@ class LaneLoad:
     def _restorable(self, limit: int) -> int:
         return restorable_length(self.record.token_count, self.record.checkpoint_positions, limit, self.positional)
 
-    def _read(self, kind: str, key: str, build: Callable[[SnapshotHeader, dict], Any]) -> Any:
-        """A block or state file, checked and built; None if it is gone (counted) or bad (deleted, counted)."""
+    def _read(self, kind: str, key: str, build: Callable[[SnapshotHeader, dict], Any], start: int = 0) -> tuple[Any, PendingCheck] | None:
+        """A block or state file, read and built, and the check of its checksums (`_passed`); None if it is gone
+        (counted) or bad (deleted, counted)."""
         path = self.files.place(self.folder, kind, key)
         try:
             header = read_header(path, self.folder.name, kind)
-            built = build(header, load_arrays(path, header))
+            arrays, checked = load_unchecked(path, header)
+            built = build(header, arrays)
         except FileNotFoundError:
             self.faults.block_gone(path)
             return None
         except Exception as error:
-            self.faults.count_error(f"reading {path}; deleted it, its lanes restore the prefix before it", error)
-            self.faults.delete_bad_file(path)
+            self._bad(path, error)
             return None
-        self.bytes_loaded += header.file_bytes
-        self.blocks_loaded += kind == BLOCK
-        return built
+        return built, PendingCheck(kind, path, header, checked, start)
+
+    def _read_checked(self, kind: str, key: str, build: Callable[[SnapshotHeader, dict], Any]) -> Any:
+        read = self._read(kind, key, build)
+        return None if read is None or not self._passed(read[1]) else read[0]
+
+    def _passed(self, check: PendingCheck) -> bool:
+        """Whether a file read passed its checksums (counted as loaded); if not, it is deleted and counted."""
+        try:
+            check.checked.result()
+        except Exception as error:
+            self._bad(check.path, error)
+            return False
+        self.bytes_loaded += check.header.file_bytes
+        self.blocks_loaded += check.kind == BLOCK
+        return True
+
+    def _bad(self, path: Path, error: BaseException) -> None:
+        self.faults.count_error(f"reading {path}; deleted it, its lanes restore the prefix before it", error)
+        self.faults.delete_bad_file(path)

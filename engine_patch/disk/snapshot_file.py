@@ -21,7 +21,8 @@ there): the generation thread hands it numpy views of evaluated arrays
 the generation thread: `read_header` checks everything that can be checked
 without the data (format, kind, identity, sizes and offsets against the file's
 length, the token ids), and `load_arrays` loads through `mx.load` and checks
-every tensor's CRC before any of it is trusted.
+every tensor's CRC before any of it is trusted (`load_unchecked` hands the check
+to a thread, so that a lane's load reads its next file while one is checked).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,22 +233,33 @@ def format_version_of(path: Path) -> str | None:
 
 def load_arrays(path: Path, header: SnapshotHeader) -> dict[str, mx.array]:
     """Every tensor but the token ids, loaded and checked against its CRC."""
+    arrays, checked = load_unchecked(path, header)
+    checked.result()
+    return arrays
+
+
+def load_unchecked(path: Path, header: SnapshotHeader) -> tuple[dict[str, mx.array], Future]:
+    """Every tensor but the token ids, loaded (each byte read once, by `mx.load`), and the check of their CRCs
+    running on the checksum pool: its `result()` raises `SnapshotFileError` if one fails. Nothing loaded may
+    be trusted before it returns; a lane's load reads its next file meanwhile."""
     arrays = mx.load(str(path), format="safetensors")
     mx.eval(arrays)
-    crcs = json.loads(header.metadata["crc32"])
     views = {}
     for name, described in header.tensors.items():
         array = arrays.get(name)
         if array is None or list(array.shape) != described["shape"] or DTYPE_NAMES.get(array.dtype) != described["dtype"]:
             raise SnapshotFileError(f"tensor {name!r} does not load as its header describes it")
-        views[name] = memoryview(array)
-    # zlib releases the GIL: the checksums of a file's tensors run on all cores at once.
-    actual = dict(zip(views, _checksum_pool().map(zlib.crc32, views.values())))
-    for name, crc in actual.items():
-        if crc != crcs.get(name):
-            raise SnapshotFileError(f"tensor {name!r} fails its checksum")
+        if name != TOKENS:  # read_header checked them
+            views[name] = memoryview(array)
     arrays.pop(TOKENS, None)
-    return arrays
+    return arrays, _checksum_pool().submit(_check_checksums, views, json.loads(header.metadata["crc32"]))
+
+
+def _check_checksums(views: dict[str, memoryview], crcs: dict[str, int]) -> None:
+    # zlib releases the GIL: this runs beside the generation thread's next read.
+    for name, view in views.items():
+        if zlib.crc32(view) != crcs.get(name):
+            raise SnapshotFileError(f"tensor {name!r} fails its checksum")
 
 
 @functools.cache
