@@ -181,7 +181,7 @@ class Session:
         # The prompt's rest is prefilled; every generated token but the last is fed back.
         self.model.feed(live, len(prompt) - fetched.reused + len(reply) - 1)
         self.new_states += len(prompt) - fetched.reused + len(reply) - 1
-        self.cache.store(prompt + reply, live, len(prompt))
+        self.cache.store(prompt + reply, live, len(prompt), model=self.model)
         assert self.tier.flush(timeout=600)  # every write lands: the figure is what a turn writes, not what a slow disk drops
         self.lanes[lane] = prompt + reply[:-1]
 

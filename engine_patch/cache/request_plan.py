@@ -30,9 +30,10 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from .cache_layers import UnsupportedCache, check_snapshot_support, positional_indices, snapshot
 from .per_model import PerModel
-from .prefix_cache import Checkpoint, Fetched, PrefixCache
+from .prefix_cache import Checkpoint, Fetched
 from .prefix_index import common_prefix_length
 from .prompt_boundaries import checkpoint_positions, generation_prompt_start, message_start_ids
+from .tier import CacheTier
 
 logger = logging.getLogger("engine_patch")
 
@@ -68,9 +69,9 @@ class RequestPlan:
 
 
 class PrefixPlanner:
-    """Serves requests from a `PrefixCache` (or `TieredCache`), one model family rule for every engine."""
+    """Serves requests from a cache tier (`tier.py`: RAM alone, or RAM over disk), one model family rule for every engine."""
 
-    def __init__(self, cache: PrefixCache):
+    def __init__(self, cache: CacheTier):
         self.cache = cache
         # Per model object (held weakly: cache/per_model.py): why its cache cannot be snapshotted (None: it can),
         # and whether it has positional layers to checkpoint.

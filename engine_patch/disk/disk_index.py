@@ -285,7 +285,22 @@ class DiskIndex:
             self.faults.count(writes_skipped=1)
         return fits
 
-    def effective_budget(self) -> dict[str, Any]:
+    def stats(self, identities: list[ModelIdentity | None]) -> dict[str, Any]:
+        """What a write may use now, what the directory holds (every model's files: what the budget bounds), and
+        these models' lanes and blocks."""
+        files = self.files.files()
+        lanes = [record for identity in identities if identity for record in self.refreshed(identity).values()]
+        blocks = {piece.key: piece.end - piece.start for record in lanes for piece in record.blocks}
+        return {
+            **self._effective_budget(),
+            "disk_bytes": sum(status.st_size for _, status in files),
+            "disk_entries": sum(path.suffix == ".kv" and not path.name.startswith(".") for path, _ in files),
+            "disk_model_entries": len(lanes),
+            "disk_blocks": len(blocks),
+            "disk_block_tokens": sum(blocks.values()),
+        }
+
+    def _effective_budget(self) -> dict[str, Any]:
         """What a write may use now: the configured budget unless the free-space margin leaves less."""
         try:
             effective, reason = self.files.budget_limit()

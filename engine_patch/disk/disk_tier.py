@@ -146,24 +146,15 @@ class DiskTier:
             return 0
 
     def stats(self) -> dict[str, Any]:
-        files = self.files.files()
         with self.faults.lock:
             counters = dict(vars(self.counters))
-        pending = self.writer.pending()
         identities = self.models.all()
-        lanes = [record for identity in identities if identity for record in self.index.refreshed(identity).values()]
-        blocks = {piece.key: piece.end - piece.start for record in lanes for piece in record.blocks}
         return {
             "disk_enabled": True,
             "disk_dir": str(self.directory),
             "disk_budget_bytes": self.budget_bytes,
-            **self.index.effective_budget(),
-            "disk_bytes": sum(status.st_size for _, status in files),  # every model's: what the budget bounds
-            "disk_entries": sum(path.suffix == ".kv" and not path.name.startswith(".") for path, _ in files),
-            "disk_model_entries": len(lanes),
-            "disk_blocks": len(blocks),
-            "disk_block_tokens": sum(blocks.values()),
+            **self.index.stats(identities),
             "disk_model_identity": [identity.short if identity else None for identity in identities],
-            "disk_writes_pending": pending,
+            "disk_writes_pending": self.writer.pending(),
             **{f"disk_{name}": value for name, value in counters.items()},
         }

@@ -1,4 +1,4 @@
-"""The RAM prefix cache with the disk tier under it, behind PrefixCache's interface.
+"""The RAM prefix cache with the disk tier under it, behind the interface both implement (`cache/tier.py`).
 
 A request first asks both tiers how much of its prompt they can restore (the
 disk from its index, without reading KV bytes; both by the same rule,
@@ -24,7 +24,6 @@ whichever model the last request used (several models in one server:
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any
 
 import numpy as np
@@ -40,12 +39,8 @@ class TieredCache:
     def __init__(self, ram: PrefixCache, disk: DiskTier | None = None):
         self.ram = ram
         self.disk = disk
-        # A caller that stores naming no model (one model per cache: the benches, tests of the tiers) means the
-        # one it fetched for last; held weakly. The engines name the model on every call.
-        self._last_fetched: weakref.ref | None = None
 
     def fetch(self, model: Any, prompt_tokens: list[int]) -> Fetched:
-        self._last_fetched = weakref.ref(model)
         ram_reuse = self._load_if_longer(model, prompt_tokens) if self.disk is not None else None
         fetched = self.ram.fetch(model, prompt_tokens)
         if ram_reuse is not None and fetched.reused > ram_reuse:
@@ -76,13 +71,12 @@ class TieredCache:
         self.ram.admit(loaded.entry)
         return ram_reuse
 
-    def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool, model: Any = None) -> int:
+    def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool, model: Any) -> int:
         """How many prompt tokens RAM would restore now for `model` (the disk's entries reach RAM when a request loads them)."""
-        return self.ram.restorable_prefix(prompt_tokens, positional, self._named(model))
+        return self.ram.restorable_prefix(prompt_tokens, positional, model)
 
     def store(self, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None, checkpoints: list[Checkpoint] = (),
-              model: Any = None) -> None:
-        model = self._named(model)
+              *, model: Any) -> None:
         stores = self.ram.counters.stores
         self.ram.store(tokens, prompt_cache, prompt_length, checkpoints, model)
         if self.disk is None or model is None or self.ram.counters.stores == stores:
@@ -92,9 +86,6 @@ class TieredCache:
             self.disk.submit(model, entry)
         except Exception as error:
             self.disk.count_error("queueing a snapshot for the disk", error)
-
-    def _named(self, model: Any) -> Any:
-        return self._last_fetched() if model is None and self._last_fetched is not None else model
 
     def record_fallback(self, reason: str) -> None:
         self.ram.record_fallback(reason)

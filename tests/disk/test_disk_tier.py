@@ -89,7 +89,7 @@ def serve(cache, model, prompt: list[int]) -> tuple[int, np.ndarray]:
     """One request as CachedGeneration runs it: fetch, prefill the rest, store. Returns (reused, last logits)."""
     fetched = cache.fetch(model, prompt)
     last = prefill(model, fetched.prompt_cache, prompt[fetched.reused :])
-    cache.store(prompt, fetched.prompt_cache, len(prompt))
+    cache.store(prompt, fetched.prompt_cache, len(prompt), model=model)
     return fetched.reused, last
 
 
@@ -541,7 +541,7 @@ def test_a_many_turn_conversation_writes_each_token_s_kv_once(model, open_tier):
         reply = tokens(100 + turn, int(rng.integers(20, 120)))
         fetched = cache.fetch(model, prompt)
         prefill(model, fetched.prompt_cache, prompt[fetched.reused :] + reply[:-1])
-        cache.store(prompt + reply, fetched.prompt_cache, len(prompt))
+        cache.store(prompt + reply, fetched.prompt_cache, len(prompt), model=model)
         computed += len(prompt) - fetched.reused + len(reply) - 1
         lane = cache.ram.newest_entry()
         manifest_bytes += 64 * len(lane.blocks) + 2048  # a key per block, the rest

@@ -90,7 +90,7 @@ def check(family: str, directory: Path) -> dict:
     checkpoints = [Checkpoint(CHECKPOINT_AT, layers, nbytes)] if positional else []
     model(mx.array(tokens[CHECKPOINT_AT:])[None], cache=live)
     cache_layers.eval_state(live)
-    cache.store(tokens, live, PROMPT_LENGTH, checkpoints)
+    cache.store(tokens, live, PROMPT_LENGTH, checkpoints, model=model)
 
     first = cache.fetch(model, later)
     restored = last_log_probs(model, first.prompt_cache, later[first.reused :])
