@@ -30,8 +30,11 @@ from urllib.parse import urlsplit
 from stable_prefix.addons.capture import DEFAULT_CAPTURE_DIR, session_name_now
 from stable_prefix.addons.capture_folder import claim_new_session, make_private_dirs, write_private
 from stable_prefix.addons.session_page import PAGE_PATH as SESSION_PAGE_PATH
+from stable_prefix.agents import claude_code
+from stable_prefix.agents.base import RESPONSES
 from stable_prefix.agents.claude_code import stack_environment
 from stable_prefix.agents.claude_code_router import router_config
+from stable_prefix.agents.roster import AGENTS
 from stable_prefix.engine_patch.defaults import DEFAULT_DRAFT, DEFAULT_ENGINE, DRAFT_MODES, ENGINES, parse_size
 from stable_prefix.live import CaptureFollower, LogFollower
 from stable_prefix.model_servers import DEFAULT_SERVER, SERVERS
@@ -269,14 +272,20 @@ def client_instructions(options: StackOptions, proxy_url: str) -> str:
         f"    stable-prefix claude{port_flag}\n"
         f"or in any shell (unset ANTHROPIC_API_KEY first, if you have one set):\n"
         f"    {exports} \\\n    claude\n\n"
-        f"opencode, Qwen Code, Codex CLI (the Responses API) or Pi instead:\n"
-        f"    stable-prefix opencode{port_flag}\n    stable-prefix qwen{port_flag}\n    stable-prefix codex{port_flag}\n"
-        f"    stable-prefix pi{port_flag}\n\n"
+        f"{other_agents_instructions(port_flag)}\n"
         f"claude-code-router 2.0.0 instead: ~/.claude-code-router/config.json, then "
         f"`CLAUDE_CODE_MAX_OUTPUT_TOKENS={options.max_tokens} ccr code`:\n"
         + "\n".join("    " + line for line in config.splitlines())
         + "\n\n" + router_3_instructions(proxy_url, options.model_name, options.max_tokens)
     )
+
+
+def other_agents_instructions(port_flag: str) -> str:
+    """`stable-prefix <agent>` for every other agent with a launcher (`stable_prefix/agents/roster.py`)."""
+    others = [agent for agent in AGENTS if agent.launcher is not None and agent is not claude_code.AGENT]
+    names = [agent.name + (" (the Responses API)" if agent.protocol == RESPONSES else "") for agent in others]
+    heading = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
+    return f"{heading} instead:\n" + "".join(f"    stable-prefix {agent.key}{port_flag}\n" for agent in others)
 
 
 def router_3_instructions(proxy_url: str, model: str, max_tokens: int) -> str:

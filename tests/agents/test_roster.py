@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stable_prefix import cli, pins
+from stable_prefix import cli, pins, stack
 from stable_prefix.addons import lanes
 from stable_prefix.agents import base
 from stable_prefix.agents.roster import AGENTS
@@ -53,6 +53,11 @@ def test_the_cli_offers_a_command_for_each_record_with_a_launcher(agent):
     help_line, run = cli.COMMANDS[agent.key]
     assert run == agent.launch
     assert help_line.startswith(f"{agent.name} against the running stack: {agent.key} [--port 8080]")
+
+
+def test_up_tells_how_to_start_every_other_agent_with_a_launcher():
+    told = stack.other_agents_instructions(" --port 9000").splitlines()
+    assert told[1:] == [f"    stable-prefix {agent.key} --port 9000" for agent in AGENTS if agent.launcher and agent.key != "claude"]
 
 
 def test_the_cli_offers_no_command_for_an_agent_launched_another_way():
