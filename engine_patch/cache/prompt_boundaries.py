@@ -46,6 +46,12 @@ MESSAGE_START_TOKENS = (
     "<｜Assistant｜>",
 )
 
+# The most tokens a message's role header takes after its start token (Llama 3's
+# `<|start_header_id|>user<|end_header_id|>\n\n` takes four).
+HEADER_TOKENS = 8
+# A branch point inside the first message earlier than this is not worth its state (one KV block's worth of tokens).
+MIN_BRANCH_TOKENS = 256
+
 # By tokenizer object, not id(): a tokenizer loaded after another was freed may
 # get its address, and with it the wrong family's message starts.
 _start_ids: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
@@ -86,9 +92,26 @@ def checkpoint_positions(
         # previous reply rendered differently from how it was generated, which
         # no later request shares (the next turn resumes at this prompt's
         # generation prompt), so a snapshot there would be written for nothing.
+        # A branch point a few dozen tokens in (a title request's or a
+        # subagent's system prompt sharing its first line with another's)
+        # spares less prefill than its state costs to write and read back.
         before = [position for position in starts[1:] if after < position <= diverges_at]
         if before:
             wanted.add(before[-1])
-        elif not [position for position in starts[1:] if position <= diverges_at]:
+        elif diverges_at >= MIN_BRANCH_TOKENS and not [position for position in starts[1:] if position <= diverges_at]:
             wanted.add(diverges_at)
-    return sorted(position for position in wanted if after < position < len(tokens))
+    positions = sorted(position for position in wanted if after < position < len(tokens))
+    return _apart(positions, keep={starts[-1] if starts else None, head_length})
+
+
+def _apart(positions: list[int], keep: set[int | None]) -> list[int]:
+    """`positions` without those a few tokens before the next one: a message start and the end of its role
+    header (`<|im_start|>user\n`, where vllm-mlx's head probe ends) serve the same requests, as every one that
+    shares the start shares the header too. The generation prompt's start (where the next turn resumes) and
+    the chat head (pinned) are always kept."""
+    kept = []
+    for index, position in enumerate(positions):
+        following = positions[index + 1] if index + 1 < len(positions) else None
+        if position in keep or following is None or following - position > HEADER_TOKENS:
+            kept.append(position)
+    return kept

@@ -35,5 +35,17 @@ def test_a_turn_of_many_messages_still_checkpoints_at_a_branch_point_inside_them
 
 def test_a_branch_inside_the_first_message_is_checkpointed_where_it_diverges():
     # Gemma puts the system prompt inside the first user turn: the shared part ends mid-message.
+    prompt = messages(400, 50, 5)
+    assert checkpoint_positions(prompt, START_IDS, after=0, diverges_at=300) == [300, 400, 450]
+
+
+def test_a_branch_a_few_dozen_tokens_in_is_not_worth_a_state():
+    # A title request sharing the system prompt's first line with the main conversation.
     prompt = messages(100, 50, 5)
-    assert checkpoint_positions(prompt, START_IDS, after=0, diverges_at=60) == [60, 100, 150]
+    assert checkpoint_positions(prompt, START_IDS, after=0, diverges_at=18) == [100, 150]
+
+
+def test_a_message_start_just_before_the_chat_head_s_end_is_one_checkpoint():
+    # vllm-mlx's head probe ends after the user message's role header, three tokens past its start.
+    prompt = messages(100, 50, 80, 5)
+    assert checkpoint_positions(prompt, START_IDS, after=0, head_length=103) == [103, 150, 230]
