@@ -34,6 +34,7 @@ from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http import http1
 from mitmproxy.proxy import commands
+from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import HttpEvent, ResponseProtocolError
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
@@ -114,7 +115,7 @@ def _enabled() -> bool:
     return bool(getattr(ctx.options, OPTION, False))
 
 
-def answer_failure(server: Http1Server, event: HttpEvent, rest: client_writes.Send) -> commands.CommandGenerator[None] | None:
+def answer_failure(server: Http1Server, event: HttpEvent, rest: client_writes.Send) -> CommandGenerator[None] | None:
     """The seam's handler: the protocol's error for a failed forward on an API path; None leaves it to mitmproxy."""
     if not (isinstance(event, ResponseProtocolError) and server.conn.state & ConnectionState.CAN_WRITE and _enabled()):
         return None
@@ -122,7 +123,7 @@ def answer_failure(server: Http1Server, event: HttpEvent, rest: client_writes.Se
     return None if found is None else _write_answer(server, *found)
 
 
-def _write_answer(server: Http1Server, data: bytes, note: str) -> commands.CommandGenerator[None]:
+def _write_answer(server: Http1Server, data: bytes, note: str) -> CommandGenerator[None]:
     logger.warning(f"{server.request.method} {server.request.path}: {note}")
     yield commands.SendData(server.conn, data)
     yield commands.CloseConnection(server.conn)

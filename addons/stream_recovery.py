@@ -83,6 +83,7 @@ import h11
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
 from mitmproxy.proxy import commands
+from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import ErrorCode, ResponseData, ResponseEndOfMessage, ResponseProtocolError
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
@@ -546,7 +547,7 @@ def _client_is_reading(server: Http1Server) -> bool:
     return bool(state & ConnectionState.CAN_WRITE and state & ConnectionState.CAN_READ)
 
 
-def _recover(server: Http1Server, event: ResponseProtocolError, followed: FollowedStream, send) -> commands.CommandGenerator[None]:
+def _recover(server: Http1Server, event: ResponseProtocolError, followed: FollowedStream, send) -> CommandGenerator[None]:
     # Held while the recovery runs: mitmproxy drops the failed flow's stream right after this starts, and with it maybe
     # the flow's last reference (then its comment, the completion's note and hook would be lost).
     flow = followed.flow()
@@ -623,7 +624,7 @@ def _count(counter: dict[str, int], key: str) -> None:
     counter[key] = counter.get(key, 0) + 1
 
 
-def complete_broken_stream(server: Http1Server, event, rest: client_writes.Send) -> commands.CommandGenerator[None] | None:
+def complete_broken_stream(server: Http1Server, event, rest: client_writes.Send) -> CommandGenerator[None] | None:
     """The seam's handler: the recovery of a followed stream this failure broke off; None leaves the event to the next
     handler (`engine_errors`), through which the recovery also writes (`rest`)."""
     followed = _recovers(server, event)
