@@ -277,7 +277,7 @@ class PrefixCache:
         else:
             layers, _ = snapshot(prompt_cache, positional)
         prompt_part = length if prompt_length is None else min(prompt_length, length)
-        new_entry = CachedPrefix(new_tokens[:length], self._blocks_of(new_tokens[:length], prompt_cache, model_key), layers,
+        new_entry = CachedPrefix(new_tokens[:length], self._blocks_of(new_tokens[:length], prompt_cache, model_key, prompt_part), layers,
                                  own_nbytes(layers, checkpoints), prompt_part, checkpoints,
                                  turns=1 + max((entry.turns for entry in dominated), default=0), model=model_key)
         if footprint(new_entry) > self.budget_bytes:
@@ -286,14 +286,15 @@ class PrefixCache:
         with self._lock:
             self.counters.stores += 1
 
-    def _blocks_of(self, tokens: np.ndarray, prompt_cache: list[Any], model: str | None) -> list[BlockRef]:
+    def _blocks_of(self, tokens: np.ndarray, prompt_cache: list[Any], model: str | None, prompt_length: int | None = None) -> list[BlockRef]:
         """The lane's blocks: those of the model's lane sharing the longest prefix with it (inside that prefix),
-        then blocks of its own tokens, copied from `prompt_cache` unless the store holds them already."""
+        then blocks of its own tokens (cut where its prompt ends too: `new_segments`), copied from `prompt_cache`
+        unless the store holds them already."""
         with self._lock:
             source, common = max(((entry, common_prefix_length(entry.tokens, tokens)) for _, entry in self._entries_of(model)
                                   if entry.model == model), key=lambda found: found[1], default=(None, 0))
             refs = reusable_refs(source.blocks, common) if source is not None else []
-            segments = new_segments(refs[-1].end if refs else 0, len(tokens), self.block_tokens)
+            segments = new_segments(refs[-1].end if refs else 0, len(tokens), self.block_tokens, prompt_length)
             keys = block_keys(tokens, segments)
             held = [self.blocks.get(key, model) for key in keys]
         copied = []
