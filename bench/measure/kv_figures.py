@@ -63,6 +63,7 @@ def figures(run: dict[str, Any], session: SessionFile, scale_up: float) -> dict[
         "disk_files": run["disk_files"],
         "restore_gb_per_s_ram": _ratio(sum(r["restored_bytes"] for r in ram_restores) / 1e9, sum(r["restore_s"] for r in ram_restores)) if ram_restores else None,
         "restore_gb_per_s_disk": _ratio((restart.get("disk_bytes_loaded") or 0) / 1e9, restart.get("disk_load_seconds")),
+        **restore_rates(run["restart"]),
         "lanes": len(lanes),
         "lanes_warm_ram": _known_count(lane["warm_in_ram"] for lane in lanes.values()),
         "lanes_warm_disk": _known_count(run["restart"]["warm_on_disk"].values()),
@@ -72,6 +73,25 @@ def figures(run: dict[str, Any], session: SessionFile, scale_up: float) -> dict[
         "disk_writes_dropped": end.get("disk_writes_dropped"),
         "disk_writes_skipped": end.get("disk_writes_skipped"),
         "seconds": run["seconds"],
+    }
+
+
+def restore_rates(restart: dict[str, Any]) -> dict[str, float | None]:
+    """After the restart: each lane's restore into a live cache (until its first prefilled token is written),
+    GB/s from the disk (files out of the page cache), the page cache and RAM, and a memcpy of the largest
+    lane's bytes into memory written before and into new memory, in the same run (unknown where not measured)."""
+    restores, memcpy = restart.get("restores") or {}, restart.get("memcpy") or {}
+
+    def rate(source: str) -> float | None:
+        measured = restores.get(source) or {}
+        return _ratio((measured.get("bytes") or 0) / 1e9, measured.get("seconds"))
+
+    return {
+        "restore_gb_per_s_from_disk": rate("disk") if (restores.get("disk") or {}).get("evicted_from_page_cache") else None,
+        "restore_gb_per_s_from_page_cache": rate("page_cache"),
+        "restore_gb_per_s_from_ram_after_restart": rate("ram"),
+        "memcpy_gb_per_s": _ratio((memcpy.get("bytes") or 0) / 1e9, memcpy.get("warm_s")),
+        "memcpy_gb_per_s_new_memory": _ratio((memcpy.get("bytes") or 0) / 1e9, memcpy.get("fresh_s")),
     }
 
 

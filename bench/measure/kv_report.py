@@ -10,6 +10,9 @@ GiB = 2**30
 # Issue 29's targets: a turn writes its new tokens (with at most 20% more), RAM holds each token state once (10%).
 WRITTEN_OVER_NEW_TARGET = 1.2
 RAM_OVER_UNIQUE_TARGET = 1.1
+# Issue 37's: a restore from the page cache at >= 3 GB/s, from RAM at >= 5 GB/s, or within 2x of a memcpy of the
+# same bytes in the same run, whichever is lower.
+RESTORE_TARGETS_GB_PER_S = {"page_cache": 3.0, "ram": 5.0}
 
 
 def _gib(value: float | None) -> str:
@@ -88,6 +91,27 @@ def targets_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def restores_table(result: dict[str, Any]) -> list[str]:
+    """Each run's restores after its restart, and a memcpy of the largest lane's bytes in the same run."""
+    lines = ["| session | shape | engine | restore GB/s from disk | from the page cache | from RAM | from RAM during the session | "
+             "memcpy GB/s (into new memory) | page cache, RAM over memcpy | issue 37's targets: page cache, RAM |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for run in result["runs"]:
+        f = run["figures"]
+        memcpy = f.get("memcpy_gb_per_s")
+        targets = []
+        for source, key in (("page_cache", "restore_gb_per_s_from_page_cache"), ("ram", "restore_gb_per_s_from_ram_after_restart")):
+            limit = None if memcpy is None else min(RESTORE_TARGETS_GB_PER_S[source], memcpy / 2)
+            targets.append("unknown" if limit is None or f.get(key) is None else f"{'met' if f[key] >= limit else 'NOT met'} (>= {limit:.2f})")
+        lines.append(
+            f"| {run['session']} | {run['shape']} | {run['engine']} | {_rate(f.get('restore_gb_per_s_from_disk'))} | "
+            f"{_rate(f.get('restore_gb_per_s_from_page_cache'))} | {_rate(f.get('restore_gb_per_s_from_ram_after_restart'))} | "
+            f"{_rate(f.get('restore_gb_per_s_ram'))} | {_rate(memcpy)} ({_rate(f.get('memcpy_gb_per_s_new_memory'))}) | "
+            f"{_times(_over(f.get('restore_gb_per_s_from_page_cache'), memcpy))}, {_times(_over(f.get('restore_gb_per_s_from_ram_after_restart'), memcpy))} | "
+            f"{targets[0]}, {targets[1]} |"
+        )
+    return lines
+
+
 def paired_table(result: dict[str, Any]) -> list[str]:
     """Where several engines ran: each one's figures over the first's, run by run."""
     engines = [engine["label"] for engine in result["engines"]]
@@ -159,6 +183,16 @@ def markdown(result: dict[str, Any]) -> str:
         "## Targets (issue 29)",
         "",
         *targets_table(result),
+        "",
+        "## Restores",
+        "",
+        "After each run's session, new caches on its directory (RAM empty, as after a restart) restore each lane's last prompt: "
+        "from the disk (its files dropped from the page cache first), from the page cache (read once before), then from the RAM "
+        "those loads filled; GB/s = the state put in the live cache over the time from the lookup until the first prefilled token "
+        "is written into it. memcpy: numpy's copy of the largest lane's bytes in the same process, into memory written before "
+        "(the targets' reference) and into new memory.",
+        "",
+        *restores_table(result),
     ]
     paired = paired_table(result)
     if paired:
