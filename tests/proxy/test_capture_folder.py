@@ -8,15 +8,17 @@ import logging
 import os
 
 import pytest
+from mitmproxy import hooks
 from mitmproxy.test import taddons
 
 from stable_prefix.addons import capture as capture_module
 from stable_prefix.addons.capture import Capture
 from stable_prefix.addons.capture_folder import PRIVATE_FILE_MODE, claim_new_session, create_private, last_record_number, write_record
 from tests.proxy.test_capture_addon import api_flow, json_response
+from tests.support.proxy_addons import NO_RULES, DiagnosedCapture
 
 
-def record_one(addon: Capture, content: str = "hello") -> None:
+def record_one(addon, content: str = "hello") -> None:
     flow = api_flow({"model": "m", "messages": [{"role": "user", "content": content}]})
     addon.request(flow)
     json_response(flow, {})
@@ -33,11 +35,13 @@ def records(folder) -> list[tuple[str, int, str]]:
 
 @contextlib.contextmanager
 def two_proxies(tmp_path, **options):
-    """Two capture addons on the same options, as two mitmdump processes given the same command line."""
-    first, second = Capture(), Capture()
+    """Two capture addons on the same options, as two mitmdump processes given the same command line (each with the
+    one diagnosis before it, which names the record's lane)."""
+    first, second = DiagnosedCapture(), DiagnosedCapture()
     with taddons.context(first) as tctx:
-        tctx.configure(first, capture_dir=str(tmp_path), **options)
-        second.configure({"capture_dir", "capture_session"})  # the other process reads the same options
+        tctx.configure(first, capture_dir=str(tmp_path), **NO_RULES, **options)
+        # The other process reads the same options.
+        tctx.master.addons.invoke_addon_sync(second, hooks.ConfigureHook({"capture_dir", "capture_session"}))
         yield first, second
 
 
