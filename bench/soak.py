@@ -43,6 +43,7 @@ from stable_prefix.bench.measure.soak_report import markdown
 from stable_prefix.bench.workload.soak_requests import session_requests
 from stable_prefix.engine_patch.install import DEFAULT_ENGINE, ENGINES
 from stable_prefix.servers import REPO_ROOT
+from stable_prefix.usage import prompt_tokens_in_usage
 
 DOCS_PAGE = REPO_ROOT / "docs" / "reliability.md"
 DOCS_BEGIN, DOCS_END = "<!-- soak figures: begin (written by make soak) -->", "<!-- soak figures: end -->"
@@ -100,7 +101,7 @@ def run_soak(stack: StackSettings, settings: SoakSettings, reference: ReferenceA
             if request.headers.get(AGENT_ID_HEADER):
                 result.subagent_instances.add(request.headers[AGENT_ID_HEADER])
             usage = answer.usage
-            prompt = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0) if usage else None
+            prompt = prompt_tokens_in_usage(usage) if usage else None
             result.outcomes.append(Outcome(request.user_id, request.lane, life.number, answer.complete, answer.error, prompt,
                                            usage.get("cache_read_input_tokens"), first_after_restart))
             first_after_restart = False
