@@ -245,7 +245,7 @@ def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[st
     import numpy as np
     from mlx_lm.models.cache import KVCache
 
-    from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+    from stable_prefix.engine_patch.cache.ram_tier import RamTier
     from stable_prefix.engine_patch.disk.disk_tier import DiskTier
     from stable_prefix.engine_patch.disk.model_identity import ModelIdentity
 
@@ -262,7 +262,7 @@ def restore_throughput(directory: Path, gib: float, repeats: int = 3) -> dict[st
         mx.eval(layer.keys, layer.values)
         live.append(layer)
     token_ids = np.arange(tokens, dtype=np.int64) % 151_643
-    ram = PrefixCache(budget_bytes=2 * tokens * bytes_per_token)
+    ram = RamTier(budget_bytes=2 * tokens * bytes_per_token)
     ram.store(token_ids.tolist(), live)  # cut into blocks, as the engine keeps it
     del live
     entry = ram.newest_entry()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.defaults import DEFAULT_DRAFT, DEFAULT_ENGINE, DRAFT_MODES, ENGINES, TESTED_VERSIONS  # noqa: F401
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
@@ -102,7 +102,7 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
         return None
 
     disk_tier = DiskTier(disk.directory, disk.budget_bytes) if disk else None
-    cache = TieredCache(PrefixCache(budget_bytes=budget_bytes, max_entries=max_entries), disk_tier)
+    cache = TieredCache(RamTier(budget_bytes=budget_bytes, max_entries=max_entries), disk_tier)
     planner = PrefixPlanner(cache)
     drafting = Drafting(draft, functools.partial(lane_token_ids, cache))
     if engine == "simple":

@@ -2,7 +2,7 @@
 
     python -m stable_prefix.bench.probes.block_size [--out bench/results/block_size] [--quick]
 
-In process, through the cache's own code (PrefixCache, DiskTier, TieredCache), with a synthetic model
+In process, through the cache's own code (RamTier, DiskTier, TieredCache), with a synthetic model
 (mlx-lm's KVCache layers, random keys and values for each new token: no weights, no forward pass):
 
 1. Speed at a real KV shape (Qwen3-Coder-30B-A3B: 48 layers x 4 KV heads x 128 x fp16 = 96 KiB per token).
@@ -40,7 +40,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from stable_prefix.engine_patch.cache import cache_layers
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.model_identity import ModelIdentity
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
@@ -117,7 +117,7 @@ def before_blocks(model: SyntheticModel, live: list[KVCache], tokens: int) -> di
 
 def with_blocks(model: SyntheticModel, live: list[KVCache], tokens: int, size: int, directory: Path) -> dict[str, float]:
     ids = np.arange(tokens, dtype=np.int64) % 151_643
-    ram = PrefixCache(budget_bytes=2**40, block_tokens=size)
+    ram = RamTier(budget_bytes=2**40, block_tokens=size)
     store_s, _ = timed(lambda: ram.store(ids.tolist(), live))
 
     def restore_and_first_chunk():
@@ -171,7 +171,7 @@ class Session:
     def __init__(self, model: SyntheticModel, size: int, directory: Path):
         self.model = model
         self.tier = tier_for(model, directory)
-        self.cache = TieredCache(PrefixCache(budget_bytes=2**40, block_tokens=size), self.tier)
+        self.cache = TieredCache(RamTier(budget_bytes=2**40, block_tokens=size), self.tier)
         self.new_states = 0
         self.lanes: dict[str, list[int]] = {}
 

@@ -1,7 +1,7 @@
 """Drive an engine's prefix cache in process with a session's real token sequences, at a real model's KV shape.
 
 The cache object is the engine's own, built as engine_patch installs it (a
-`PrefixPlanner` over `TieredCache(PrefixCache, DiskTier)`), and it is served
+`PrefixPlanner` over `TieredCache(RamTier, DiskTier)`), and it is served
 request by request as the batched engine serves it: `plan` restores the longest
 stored prefix, the positional layers are checkpointed where the plan says, the
 rest of the prompt and the reply are "prefilled", and the finished sequence's
@@ -46,7 +46,7 @@ from mlx_lm.utils import load_tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kv_session_file import SessionFile  # noqa: E402  (this folder's plain module: see the docstring)
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache  # noqa: E402
+from stable_prefix.engine_patch.cache.ram_tier import RamTier  # noqa: E402
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner  # noqa: E402
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier  # noqa: E402
 from stable_prefix.engine_patch.disk.model_identity import ModelIdentity  # noqa: E402
@@ -181,7 +181,7 @@ def new_cache(ram_bytes: int, disk_dir: Path, disk_bytes: int, model: Any, ident
     """The engine's cache as engine_patch.install builds it, the disk tier told the model's identity."""
     disk = DiskTier(disk_dir, disk_bytes)
     disk.bind(model, identity)
-    return TieredCache(PrefixCache(budget_bytes=ram_bytes), disk)
+    return TieredCache(RamTier(budget_bytes=ram_bytes), disk)
 
 
 def flush_disk(cache: TieredCache) -> None:

@@ -2,7 +2,7 @@
 
 One lane of `--tokens` tokens at a real model's KV shape (a tiny preset, `make
 tiny-kv-models`; random values, `kv_drive.Filler`) is stored in the engine's
-cache (`TieredCache(PrefixCache, DiskTier)`, as engine_patch installs it) and
+cache (`TieredCache(RamTier, DiskTier)`, as engine_patch installs it) and
 written to disk; then restored, round after round, each source in turn: from
 RAM, from the page cache (a new cache on the directory, its files read once
 before) and from the disk (its files dropped from the page cache first). A

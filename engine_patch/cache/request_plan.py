@@ -30,9 +30,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from .cache_layers import UnsupportedCache, check_snapshot_support, positional_indices, snapshot
 from .per_model import PerModel
-from .prefix_cache import Checkpoint, Fetched
 from .prefix_index import common_prefix_length
 from .prompt_boundaries import checkpoint_positions, generation_prompt_start, message_start_ids
+from .ram_tier import Checkpoint, Fetched
 from .tier import CacheTier
 
 logger = logging.getLogger("engine_patch")

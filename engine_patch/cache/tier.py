@@ -1,6 +1,6 @@
 """What serving a request needs of the cache, declared once: the interface `PrefixPlanner` is typed with.
 
-Two tiers implement it: the RAM tier alone (`prefix_cache.PrefixCache`) and
+Two tiers implement it: the RAM tier alone (`ram_tier.RamTier`) and
 RAM with the disk tier under it (`disk/tiered_cache.TieredCache`, which this
 room never imports: it lives a room above). Every call names the model whose
 state it is, so a server holding several models never restores or files one
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .prefix_cache import Checkpoint, Fetched
+from .ram_tier import Checkpoint, Fetched
 
 
 class CacheTier(Protocol):

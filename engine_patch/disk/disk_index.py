@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.engine_patch.cache.kv_blocks import Block
-from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint
 from stable_prefix.engine_patch.cache.prefix_index import best_match, placement, repeats_prompt_of
+from stable_prefix.engine_patch.cache.ram_tier import CachedPrefix, Checkpoint
 
 from .disk_faults import DiskFaults
 from .lane_load import LaneLoad

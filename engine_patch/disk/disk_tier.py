@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from stable_prefix.engine_patch.cache.kv_blocks import Block
-from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint
+from stable_prefix.engine_patch.cache.ram_tier import CachedPrefix, Checkpoint
 
 from .disk_faults import DiskCounters, DiskFaults
 from .disk_index import DiskIndex, DiskMatch, LoadedSnapshot

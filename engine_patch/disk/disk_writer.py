@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix
 from stable_prefix.engine_patch.cache.prefix_index import repeats_prompt_of
+from stable_prefix.engine_patch.cache.ram_tier import CachedPrefix
 
 from .disk_faults import DiskFaults
 from .disk_index import DiskIndex

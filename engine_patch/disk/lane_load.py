@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from stable_prefix.engine_patch.cache.cache_layers import snapshot_nbytes
 from stable_prefix.engine_patch.cache.kv_blocks import Block, BlockRef, covering
-from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint, own_nbytes
 from stable_prefix.engine_patch.cache.prefix_index import restorable_length
+from stable_prefix.engine_patch.cache.ram_tier import CachedPrefix, Checkpoint, own_nbytes
 
 from .persisted_entry import BlockPiece, LaneRecord, block_from_arrays, cut, state_from_arrays
 from .snapshot_directory import BLOCK, STATE, SnapshotDirectory

@@ -6,9 +6,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-# RAM's rule for which checkpoints a lane keeps (duck-typed: a position and a pin), the one owner of it.
-from stable_prefix.engine_patch.cache.prefix_cache import _kept as kept_checkpoints
 from stable_prefix.engine_patch.cache.prefix_index import common_prefix_length, repeats_prompt_of, restorable_length
+
+# RAM's rule for which checkpoints a lane keeps (duck-typed: a position and a pin), the one owner of it.
+from stable_prefix.engine_patch.cache.ram_tier import _kept as kept_checkpoints
 
 from .persisted_entry import LaneRecord, cut, state_keys
 from .snapshot_directory import BLOCK, STATE, SnapshotDirectory
@@ -23,7 +24,7 @@ class WritePlan:
     lane at the longest prefix before it that it restores (`truncated`).
     The lanes on disk it replaces (`lanes` whose whole prompt it repeats) hand
     it their checkpoints inside the prefix they share, as RAM's entries do
-    (`PrefixCache.store`): another server's lane may hold one this server's
+    (`RamTier.store`): another server's lane may hold one this server's
     RAM never had (a branch point it saw), and would otherwise lose it.
     """
 

@@ -8,7 +8,7 @@ disk:
 - each positional state (a checkpoint, or an end state no checkpoint holds) is
   one file named by its key, written once: a checkpoint several lanes share (a
   new conversation restored from another lane's head) is on disk once, and the
-  lanes a restarted server loads share one object again (`PrefixCache.admit`);
+  lanes a restarted server loads share one object again (`RamTier.admit`);
 - the lane itself is a small manifest: its block keys with the tokens each
   covers, how many tokens were prompt, its checkpoints' keys and positions,
   which state is its end (`lane_metadata` / `lane_record`). Its token ids are
@@ -35,8 +35,8 @@ import numpy as np
 
 from stable_prefix.engine_patch.cache.cache_layers import block_nbytes, cached_token_count, layers_from_arrays, layers_to_arrays
 from stable_prefix.engine_patch.cache.kv_blocks import Block, KeyChain
-from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix
 from stable_prefix.engine_patch.cache.prefix_index import restorable_length
+from stable_prefix.engine_patch.cache.ram_tier import CachedPrefix
 
 from .snapshot_file import TOKENS
 

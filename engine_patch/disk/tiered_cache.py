@@ -15,7 +15,7 @@ A disk fault never reaches the request: the disk tier counts and logs it and
 the request takes what RAM has.
 
 Every call names the model: RAM files each model's entries and blocks apart
-(`PrefixCache.model_key`), the disk tier each model's lanes in the folder of its
+(`RamTier.model_key`), the disk tier each model's lanes in the folder of its
 weights' digest, and a store goes to the folder of the model that computed it,
 whichever model the last request used (several models in one server:
 `--models-config`).
@@ -30,13 +30,13 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from stable_prefix.engine_patch.cache.cache_layers import positional_indices
-from stable_prefix.engine_patch.cache.prefix_cache import Checkpoint, Fetched, PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import Checkpoint, Fetched, RamTier
 
 from .disk_tier import DiskTier
 
 
 class TieredCache:
-    def __init__(self, ram: PrefixCache, disk: DiskTier | None = None):
+    def __init__(self, ram: RamTier, disk: DiskTier | None = None):
         self.ram = ram
         self.disk = disk
 

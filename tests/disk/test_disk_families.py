@@ -21,8 +21,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from stable_prefix.engine_patch.cache.cache_layers import positional_indices
 from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache, footprint
 from stable_prefix.engine_patch.cache.prefix_index import common_prefix_length
+from stable_prefix.engine_patch.cache.ram_tier import RamTier, footprint
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.persisted_entry import LaneRecord, lane_record, state_keys, with_tokens
 from stable_prefix.engine_patch.disk.snapshot_directory import BLOCK, STATE, SnapshotDirectory
@@ -70,7 +70,7 @@ def start_life(family: Family, directory: Path, ram_budget: int = RAM_BUDGET, di
     tier = DiskTier(directory, disk_budget)
     tier.model_loaded(family.model, family.model_dir)
     assert tier.identity_for(family.model, wait=120) is not None
-    cache = TieredCache(PrefixCache(budget_bytes=ram_budget, block_tokens=block_tokens), tier)
+    cache = TieredCache(RamTier(budget_bytes=ram_budget, block_tokens=block_tokens), tier)
     return Life(CachedGeneration(ORIGINAL_STREAM_GENERATE, cache), cache, tier)
 
 
@@ -200,10 +200,10 @@ def test_a_checkpoint_two_lanes_shared_comes_back_as_one_object_counted_once(fam
     assert shared_keys, "the first life's lanes shared no checkpoint"
     alone = []
     for entry in loaded:
-        ram = PrefixCache(budget_bytes=RAM_BUDGET)
+        ram = RamTier(budget_bytes=RAM_BUDGET)
         ram.admit(entry)
         alone.append(ram.stats()["bytes"])
-    together = PrefixCache(budget_bytes=RAM_BUDGET)
+    together = RamTier(budget_bytes=RAM_BUDGET)
     for entry in loaded:
         together.admit(entry)
     held = [c for entry in together.entries.values() for c in entry.checkpoints]

@@ -41,7 +41,7 @@ NEXT_TURN = FIRST_TURN + [
         {"type": "tool_result", "tool_use_id": "toolu_01", "content": "def handler(request):\n    return service(request)\n"}]},
 ]
 NEW_CONVERSATION = [{"role": "user", "content": "Start over: list the tests that cover the handler."}]
-# Gated DeltaNet + attention: restorable only at its checkpoints (prefix_cache.py).
+# Gated DeltaNet + attention: restorable only at its checkpoints (ram_tier.py).
 HYBRID_MODEL = REPO_ROOT / "build" / "tiny-qwen3_5"
 
 

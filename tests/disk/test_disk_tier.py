@@ -27,7 +27,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.disk import snapshot_directory
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.persisted_entry import lane_record
@@ -98,7 +98,7 @@ def cold_logits(model, prompt: list[int]) -> np.ndarray:
 
 
 def tiered(tier) -> TieredCache:
-    return TieredCache(PrefixCache(budget_bytes=RAM_BUDGET), tier)
+    return TieredCache(RamTier(budget_bytes=RAM_BUDGET), tier)
 
 
 def written(tier, model, prompt) -> TieredCache:

@@ -4,7 +4,7 @@ they share, as RAM does (#36): another server's lane may hold one this server's 
 import numpy as np
 import pytest
 
-from stable_prefix.engine_patch.cache.prefix_cache import MAX_CHECKPOINTS
+from stable_prefix.engine_patch.cache.ram_tier import MAX_CHECKPOINTS
 from stable_prefix.engine_patch.disk.lane_write_plan import WritePlan
 from stable_prefix.engine_patch.disk.persisted_entry import BlockPiece, CheckpointRecord, LaneRecord
 from stable_prefix.engine_patch.disk.snapshot_directory import BLOCK, STATE, SnapshotDirectory

@@ -11,7 +11,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from stable_prefix.engine_patch.cache.cache_layers import copy_block, snapshot
 from stable_prefix.engine_patch.cache.kv_blocks import Block, BlockRef, block_keys
-from stable_prefix.engine_patch.cache.prefix_cache import CachedPrefix, Checkpoint, own_nbytes
+from stable_prefix.engine_patch.cache.ram_tier import CachedPrefix, Checkpoint, own_nbytes
 from stable_prefix.engine_patch.disk.persisted_entry import (
     BlockPiece,
     EntryDescriptionError,
@@ -56,7 +56,7 @@ def blocks_of(tokens: np.ndarray, segments: list[tuple[int, int]]) -> list[Block
 
 
 def entry_ending_at_its_last_checkpoint() -> CachedPrefix:
-    """As PrefixCache.store makes it when the end state is its last checkpoint's."""
+    """As RamTier.store makes it when the end state is its last checkpoint's."""
     head, end_checkpoint = checkpoint_at(10, pinned=True), checkpoint_at(TOKENS)
     layers = [end_checkpoint.layers[0], end_checkpoint.layers[1], None]
     checkpoints = [head, end_checkpoint]

@@ -169,7 +169,7 @@ def test_a_failing_restore_runs_the_request_uncached_and_counts_a_fallback(monke
         raise RuntimeError("injected restore failure")
 
     with batched_seams() as seams, caplog.at_level(logging.WARNING, logger="engine_patch"):
-        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore_from_blocks", broken_restore)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.ram_tier.restore_from_blocks", broken_restore)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens
@@ -187,7 +187,7 @@ def test_a_failing_snapshot_keeps_the_answers_and_stores_nothing(monkeypatch):
         raise RuntimeError("injected snapshot failure")
 
     with batched_seams() as seams:
-        monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.copy_block", broken_snapshot)
+        monkeypatch.setattr("stable_prefix.engine_patch.cache.ram_tier.copy_block", broken_snapshot)
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens

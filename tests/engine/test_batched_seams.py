@@ -10,7 +10,7 @@ import sys
 
 import mlx_lm
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 from stable_prefix.engine_patch.vllm_mlx.batched.seams import EACH_GENERATOR, ON_THE_CLASS, BatchedEngineSeams, seam_table
@@ -41,7 +41,7 @@ def methods(namespace: object) -> dict[str, object]:
 def installed_on_a_snapshot():
     """The batched engine's install(), and what every shipped module and class held before it; all put back afterwards."""
     before = {id(namespace): (namespace, methods(namespace)) for namespace in shipped_namespaces()}
-    seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=2**20)), Drafting("on"))
+    seams = BatchedEngineSeams(PrefixPlanner(RamTier(budget_bytes=2**20)), Drafting("on"))
     try:
         yield seams, before
     finally:

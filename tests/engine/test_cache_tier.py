@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.cache.tier import CacheTier
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
@@ -36,7 +36,7 @@ def test_the_interface_declares_what_the_planner_calls():
     assert inspect.signature(PrefixPlanner).parameters["cache"].annotation in (CacheTier, "CacheTier")
 
 
-@pytest.mark.parametrize("tier", [PrefixCache, TieredCache], ids=lambda tier: tier.__name__)
+@pytest.mark.parametrize("tier", [RamTier, TieredCache], ids=lambda tier: tier.__name__)
 @pytest.mark.parametrize("name", DECLARED)
 def test_both_tiers_take_every_call_the_interface_declares(tier, name):
     assert mismatches(getattr(tier, name), getattr(CacheTier, name)) == []
@@ -44,4 +44,4 @@ def test_both_tiers_take_every_call_the_interface_declares(tier, name):
 
 def test_a_store_on_ram_over_disk_names_the_model_that_computed_the_state():
     with pytest.raises(TypeError, match="model"):
-        TieredCache(PrefixCache(budget_bytes=2**20)).store([1, 2, 3], [])
+        TieredCache(RamTier(budget_bytes=2**20)).store([1, 2, 3], [])

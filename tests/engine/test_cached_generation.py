@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
 from mlx_lm.sample_utils import make_sampler
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_reuse import begin_request, end_request
 from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
 from tests.support.models import require_model
@@ -24,7 +24,7 @@ def loaded():
 
 @pytest.fixture
 def generation():
-    return CachedGeneration(ORIGINAL_STREAM_GENERATE, PrefixCache(budget_bytes=256 * 2**20))
+    return CachedGeneration(ORIGINAL_STREAM_GENERATE, RamTier(budget_bytes=256 * 2**20))
 
 
 def chat(tokenizer, *turns: str, tools=None) -> str:
@@ -98,7 +98,7 @@ def test_a_failing_restore_gives_the_uncached_answer_a_warning_and_a_counted_fal
     def broken_restore(*args):
         raise RuntimeError("injected restore failure")
 
-    monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.restore_from_blocks", broken_restore)
+    monkeypatch.setattr("stable_prefix.engine_patch.cache.ram_tier.restore_from_blocks", broken_restore)
     prompt = chat(tokenizer, *turn2)
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
         tokens = greedy(generation, model, tokenizer, prompt)
@@ -113,7 +113,7 @@ def test_a_failing_snapshot_keeps_the_answer_and_counts_a_fallback(loaded, gener
     def broken_snapshot(*args):
         raise RuntimeError("injected snapshot failure")
 
-    monkeypatch.setattr("stable_prefix.engine_patch.cache.prefix_cache.copy_block", broken_snapshot)
+    monkeypatch.setattr("stable_prefix.engine_patch.cache.ram_tier.copy_block", broken_snapshot)
     prompt = chat(tokenizer, *conversation_turns("main")[0])
     with caplog.at_level(logging.WARNING, logger="engine_patch"):
         tokens = greedy(generation, model, tokenizer, prompt)

@@ -13,7 +13,7 @@ import mlx_lm
 import pytest
 from mlx_lm.sample_utils import apply_top_k, make_logits_processors, make_sampler
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import prompt_token_ids
 from stable_prefix.engine_patch.drafts.cost_gate import VerifyCostCurve
 from stable_prefix.engine_patch.drafts.drafting import Drafting
@@ -46,7 +46,7 @@ def drafted_stream_generate(drafting: Drafting):
     shipped = generate_module.generate_step
     drafted_generation.install(drafting)
     try:
-        yield DraftedGeneration(CachedGeneration(ORIGINAL_STREAM_GENERATE, PrefixCache(budget_bytes=256 * 2**20)), drafting)
+        yield DraftedGeneration(CachedGeneration(ORIGINAL_STREAM_GENERATE, RamTier(budget_bytes=256 * 2**20)), drafting)
     finally:
         generate_module.generate_step = shipped
 

@@ -71,7 +71,7 @@ def test_an_engine_attachment_imports_no_other_engines_attachment(path):
 
 def test_the_reader_catches_an_upward_import_written_either_way():
     # The rule has teeth: a core module importing the batched engine, absolutely or relatively, is seen.
-    core = ENGINE_PATCH / "cache" / "prefix_cache.py"
+    core = ENGINE_PATCH / "cache" / "ram_tier.py"
     source = core.read_text() + "\nfrom stable_prefix.engine_patch.vllm_mlx.batched import batched_engine\nfrom ..http_api.admission import admit_prompt\n"
     upward = {room_of(name) for name in imported_modules(core, source)} - {"cache"}
     assert upward == {"vllm_mlx", "http_api"}

@@ -6,7 +6,7 @@ first restores at least its previous prompt up to the generation prompt."""
 import mlx_lm
 import pytest
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
 from tests.support.family_chat import FAMILY_MODELS, ORIGINAL_STREAM_GENERATE, greedy, prompt, resume_position, served
 from tests.support.models import require_model
@@ -19,7 +19,7 @@ def loaded(request):
 
 def test_warm_greedy_tokens_equal_cold_ones_on_interleaved_lanes_and_a_new_conversation(loaded):
     model, tokenizer = loaded
-    generation = CachedGeneration(ORIGINAL_STREAM_GENERATE, PrefixCache(budget_bytes=256 * 2**20))
+    generation = CachedGeneration(ORIGINAL_STREAM_GENERATE, RamTier(budget_bytes=256 * 2**20))
     resume_at: dict[str, int] = {}
     for lane, turns in [("main", 1), ("subagent", 1), ("main", 3), ("subagent", 3), ("main", 5), ("new", 1)]:
         text = prompt(tokenizer, lane, turns)

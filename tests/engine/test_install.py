@@ -12,7 +12,7 @@ from mlx_lm.models.cache import KVCache
 from transformers import AutoTokenizer
 
 from stable_prefix.engine_patch.__main__ import engine_mode, parse_size
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 from stable_prefix.engine_patch.install import DEFAULT_ENGINE, install, why_unsupported
 from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
@@ -120,7 +120,7 @@ def deferred(monkeypatch):
 
     monkeypatch.setattr(simple, "build_system_prompt_cache_prefix", simple.build_system_prompt_cache_prefix)
     monkeypatch.setattr(simple.SimpleEngine, "_probe_system_kv_cache_support", simple.SimpleEngine.__dict__["_probe_system_kv_cache_support"])
-    _defer_builtin_prefix_cache(CachedGeneration(mlx_lm.stream_generate, PrefixCache(budget_bytes=2**20)), Drafting("off"))
+    _defer_builtin_prefix_cache(CachedGeneration(mlx_lm.stream_generate, RamTier(budget_bytes=2**20)), Drafting("off"))
     tokenizer = AutoTokenizer.from_pretrained(str(require_model()))
     messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Hello"}]
     template_kwargs = {"tokenize": False, "add_generation_prompt": True}

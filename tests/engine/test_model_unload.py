@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx_lm
 from mlx.utils import tree_flatten
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner, prompt_token_ids
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
@@ -46,7 +46,7 @@ def served_with_simple_engine_seams(planner: PrefixPlanner, tier: DiskTier, draf
 
 def test_a_model_the_simple_engine_served_is_freed_when_unloaded_and_reloads_add_no_copy(tmp_path):
     tier = DiskTier(tmp_path / "kv")
-    planner = PrefixPlanner(TieredCache(PrefixCache(budget_bytes=64 * 2**20), tier))
+    planner = PrefixPlanner(TieredCache(RamTier(budget_bytes=64 * 2**20), tier))
     drafting = Drafting("auto")
     try:
         gc.collect()

@@ -10,7 +10,7 @@ import mlx_lm
 import numpy as np
 import pytest
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner, prompt_token_ids
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
@@ -53,7 +53,7 @@ def cold_logits(model, tokenizer, text: str) -> np.ndarray:
 
 def test_a_lane_one_model_stored_in_ram_is_no_match_for_the_other_and_its_answer_is_its_own(models):
     first, second, tokenizer = models
-    planner = PrefixPlanner(PrefixCache(budget_bytes=64 * 2**20))
+    planner = PrefixPlanner(RamTier(budget_bytes=64 * 2**20))
     last_logits(first, planner, tokenizer, TEXT)
     reused, logits = last_logits(second, planner, tokenizer, FOLLOW_UP)
     assert reused == 0
@@ -63,7 +63,7 @@ def test_a_lane_one_model_stored_in_ram_is_no_match_for_the_other_and_its_answer
 
 def test_the_same_tokens_of_two_models_are_two_lanes_and_two_sets_of_blocks(models):
     first, second, tokenizer = models
-    cache = PrefixCache(budget_bytes=64 * 2**20, block_tokens=16)
+    cache = RamTier(budget_bytes=64 * 2**20, block_tokens=16)
     planner = PrefixPlanner(cache)
     last_logits(first, planner, tokenizer, TEXT)
     blocks = cache.stats()["blocks"]
@@ -73,7 +73,7 @@ def test_the_same_tokens_of_two_models_are_two_lanes_and_two_sets_of_blocks(mode
 
 def test_each_model_s_lane_goes_to_its_own_disk_folder_whichever_model_the_last_request_used(models, tier):
     first, second, tokenizer = models
-    planner = PrefixPlanner(TieredCache(PrefixCache(budget_bytes=64 * 2**20), tier))
+    planner = PrefixPlanner(TieredCache(RamTier(budget_bytes=64 * 2**20), tier))
     tokens = prompt_token_ids(tokenizer, TEXT)
     first_plan = planner.plan(first, tokenizer, tokens)  # two engines' requests in flight at once
     second_plan = planner.plan(second, tokenizer, prompt_token_ids(tokenizer, FOLLOW_UP))
@@ -87,10 +87,10 @@ def test_each_model_s_lane_goes_to_its_own_disk_folder_whichever_model_the_last_
 
 def test_a_lane_one_model_wrote_to_disk_is_no_match_for_the_other_after_a_restart(models, tier, tmp_path):
     first, second, tokenizer = models
-    planner = PrefixPlanner(TieredCache(PrefixCache(budget_bytes=64 * 2**20), tier))
+    planner = PrefixPlanner(TieredCache(RamTier(budget_bytes=64 * 2**20), tier))
     last_logits(first, planner, tokenizer, TEXT)
     assert tier.flush(timeout=60)
-    restarted = PrefixPlanner(TieredCache(PrefixCache(budget_bytes=64 * 2**20), tier))  # RAM empty, the disk as it was
+    restarted = PrefixPlanner(TieredCache(RamTier(budget_bytes=64 * 2**20), tier))  # RAM empty, the disk as it was
     reused, logits = last_logits(second, restarted, tokenizer, FOLLOW_UP)
     assert reused == 0 and np.array_equal(logits, cold_logits(second, tokenizer, FOLLOW_UP))
     assert last_logits(first, restarted, tokenizer, FOLLOW_UP)[0] > 0

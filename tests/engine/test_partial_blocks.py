@@ -14,7 +14,7 @@ import pytest
 from mlx_lm.models import qwen2
 from mlx_lm.models.cache import make_prompt_cache
 
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 
 VOCAB = 512
 
@@ -33,7 +33,7 @@ def tokens(seed: int, length: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, VOCAB, length).tolist()
 
 
-def turn(cache: PrefixCache, model, prompt: list[int], reply: list[int]) -> int:
+def turn(cache: RamTier, model, prompt: list[int], reply: list[int]) -> int:
     """One request as the engine runs it: restore, prefill the rest, generate `reply`, store. Returns the tokens reused."""
     fetched = cache.fetch(model, prompt)
     sequence = prompt + reply
@@ -42,13 +42,13 @@ def turn(cache: PrefixCache, model, prompt: list[int], reply: list[int]) -> int:
     return fetched.reused
 
 
-def unique_tokens_held(cache: PrefixCache) -> int:
+def unique_tokens_held(cache: RamTier) -> int:
     (entry,) = cache.entries.values()
     return len(entry.tokens)
 
 
 def test_a_lane_extended_past_its_partial_block_holds_each_token_once(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     prompt, reply = tokens(1, 600), tokens(2, 40)
     turn(cache, model, prompt, reply)
     # The next turn shares the reply's first 3 tokens only (its thinking dropped).
@@ -57,7 +57,7 @@ def test_a_lane_extended_past_its_partial_block_holds_each_token_once(model):
 
 
 def test_a_conversation_of_many_short_turns_holds_each_token_once(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     prompt, shared = tokens(1, 300), 0
     for index in range(12):
         reply = tokens(100 + index, 30)
@@ -68,7 +68,7 @@ def test_a_conversation_of_many_short_turns_holds_each_token_once(model):
 
 
 def test_a_restore_across_the_prompt_s_block_boundary_computes_what_a_full_prefill_does(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     prompt, reply = tokens(1, 600), tokens(2, 40)
     turn(cache, model, prompt, reply)
     next_turn = prompt + reply[:3] + tokens(3, 50)

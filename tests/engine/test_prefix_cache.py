@@ -1,4 +1,4 @@
-"""PrefixCache without a server: hits, misses, longest common prefix, trimming,
+"""RamTier without a server: hits, misses, longest common prefix, trimming,
 eviction order, the byte budget, and that a restored cache computes exactly what
 a full prefill computes."""
 
@@ -13,7 +13,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make
 from stable_prefix.engine_patch.cache import cache_layers
 from stable_prefix.engine_patch.cache.cache_layers import UnsupportedCache, check_snapshot_support, snapshot
 from stable_prefix.engine_patch.cache.kv_blocks import block_keys
-from stable_prefix.engine_patch.cache.prefix_cache import Checkpoint, PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import Checkpoint, RamTier
 from stable_prefix.tools.tiny_families import FAMILIES
 
 VOCAB = 512
@@ -60,7 +60,7 @@ def bytes_per_token(model) -> int:
 
 
 def test_an_empty_cache_misses_and_counts_the_whole_prompt_as_prefilled(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     fetched = cache.fetch(model, tokens(1, 20))
     assert fetched.reused == 0
     assert cache.stats()["misses"] == 1
@@ -68,7 +68,7 @@ def test_an_empty_cache_misses_and_counts_the_whole_prompt_as_prefilled(model):
 
 
 def test_a_prompt_that_extends_a_stored_one_reuses_all_of_it(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     turn1 = tokens(1, 30)
     cache.store(turn1, prefilled(model, turn1))
     turn2 = turn1 + tokens(2, 10)
@@ -79,7 +79,7 @@ def test_a_prompt_that_extends_a_stored_one_reuses_all_of_it(model):
 
 
 def test_restored_state_gives_the_same_logits_as_a_full_prefill(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     turn1 = tokens(1, 40)
     cache.store(turn1, prefilled(model, turn1))
     turn2 = turn1 + tokens(3, 12)
@@ -91,7 +91,7 @@ def test_restored_state_gives_the_same_logits_as_a_full_prefill(model):
 
 
 def test_a_prompt_that_diverges_midway_reuses_the_common_prefix_by_trimming(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     stored = tokens(1, 40)
     cache.store(stored, prefilled(model, stored))
     edited = stored[:25] + tokens(4, 10)
@@ -105,14 +105,14 @@ def test_a_prompt_that_diverges_midway_reuses_the_common_prefix_by_trimming(mode
 
 
 def test_an_identical_prompt_leaves_its_last_token_to_prefill(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     prompt = tokens(1, 30)
     cache.store(prompt, prefilled(model, prompt))
     assert cache.fetch(model, prompt).reused == 29
 
 
 def test_the_longest_match_wins_among_lanes(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     main_lane, subagent_lane = tokens(1, 30), tokens(2, 30)
     cache.store(main_lane, prefilled(model, main_lane))
     cache.store(subagent_lane, prefilled(model, subagent_lane))
@@ -122,7 +122,7 @@ def test_the_longest_match_wins_among_lanes(model):
 
 
 def test_a_state_that_extends_an_entry_replaces_it(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     turn1 = tokens(1, 20)
     turn2 = turn1 + tokens(2, 20)
     cache.store(turn1, prefilled(model, turn1))
@@ -132,7 +132,7 @@ def test_a_state_that_extends_an_entry_replaces_it(model):
 
 
 def test_an_older_turn_is_dropped_once_a_newer_state_repeats_its_whole_prompt(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     turn1, generated = tokens(1, 20), tokens(2, 4)
     cache.store(turn1 + generated, prefilled(model, turn1 + generated), prompt_length=20)
     # The next turn renders the reply differently, so it diverges after turn1.
@@ -142,7 +142,7 @@ def test_an_older_turn_is_dropped_once_a_newer_state_repeats_its_whole_prompt(mo
 
 
 def test_an_entry_whose_prompt_was_not_repeated_is_kept(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     first = tokens(1, 20)
     cache.store(first, prefilled(model, first), prompt_length=20)
     sibling = first[:15] + tokens(4, 10)
@@ -151,7 +151,7 @@ def test_an_entry_whose_prompt_was_not_repeated_is_kept(model):
 
 
 def test_a_state_already_held_as_a_prefix_is_not_stored_twice(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     long = tokens(1, 40)
     cache.store(long, prefilled(model, long))
     cache.store(long[:20], prefilled(model, long[:20]))
@@ -160,7 +160,7 @@ def test_a_state_already_held_as_a_prefix_is_not_stored_twice(model):
 
 
 def test_the_cache_may_hold_fewer_tokens_than_reported_and_keeps_only_those(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     prompt, generated = tokens(1, 20), tokens(2, 3)
     # The last generated token is never fed back into the model.
     cache.store(prompt + generated, prefilled(model, prompt + generated[:-1]))
@@ -169,7 +169,7 @@ def test_the_cache_may_hold_fewer_tokens_than_reported_and_keeps_only_those(mode
 
 def test_least_recently_used_lane_is_evicted_first(model):
     per_entry = 20 * bytes_per_token(model)
-    cache = PrefixCache(budget_bytes=2 * per_entry)
+    cache = RamTier(budget_bytes=2 * per_entry)
     lane_a, lane_b, lane_c = tokens(1, 20), tokens(2, 20), tokens(3, 20)
     cache.store(lane_a, prefilled(model, lane_a))
     cache.store(lane_b, prefilled(model, lane_b))
@@ -182,7 +182,7 @@ def test_least_recently_used_lane_is_evicted_first(model):
 
 
 def test_entry_count_bound_evicts_too(model):
-    cache = PrefixCache(budget_bytes=10**9, max_entries=2)
+    cache = RamTier(budget_bytes=10**9, max_entries=2)
     for seed in (1, 2, 3):
         lane = tokens(seed, 10)
         cache.store(lane, prefilled(model, lane))
@@ -193,7 +193,7 @@ def test_entry_count_bound_evicts_too(model):
 def test_bytes_held_are_counted_exactly_and_never_exceed_the_budget(model):
     per_token = bytes_per_token(model)
     budget = 70 * per_token
-    cache = PrefixCache(budget_bytes=budget)
+    cache = RamTier(budget_bytes=budget)
     rng = np.random.default_rng(0)
     for seed in range(12):
         lane = tokens(seed, int(rng.integers(5, 40)))
@@ -205,7 +205,7 @@ def test_bytes_held_are_counted_exactly_and_never_exceed_the_budget(model):
 
 def test_a_state_larger_than_the_budget_is_trimmed_to_fit(model):
     per_token = bytes_per_token(model)
-    cache = PrefixCache(budget_bytes=25 * per_token)
+    cache = RamTier(budget_bytes=25 * per_token)
     prompt = tokens(1, 40)
     cache.store(prompt, prefilled(model, prompt))
     assert cache.stats()["entry_tokens"] == [25]
@@ -216,9 +216,9 @@ def test_a_state_larger_than_the_budget_is_trimmed_to_fit(model):
 def test_an_admitted_entry_follows_the_store_rules_and_replaces_the_turn_it_repeats(model):
     """An entry made elsewhere (loaded from disk) replaces a RAM entry whose whole prompt it holds."""
     turn1 = tokens(1, 30)
-    ram = PrefixCache(budget_bytes=10**9)
+    ram = RamTier(budget_bytes=10**9)
     ram.store(turn1, prefilled(model, turn1))
-    elsewhere = PrefixCache(budget_bytes=10**9)
+    elsewhere = RamTier(budget_bytes=10**9)
     turn2 = turn1 + tokens(2, 20)
     elsewhere.store(turn2, prefilled(model, turn2))
     ram.admit(elsewhere.newest_entry())
@@ -228,16 +228,16 @@ def test_an_admitted_entry_follows_the_store_rules_and_replaces_the_turn_it_repe
 
 def test_an_admitted_entry_larger_than_the_budget_keeps_the_longest_prefix_that_fits(model):
     per_token = bytes_per_token(model)
-    elsewhere = PrefixCache(budget_bytes=10**9)
+    elsewhere = RamTier(budget_bytes=10**9)
     prompt = tokens(1, 40)
     elsewhere.store(prompt, prefilled(model, prompt))
-    ram = PrefixCache(budget_bytes=25 * per_token)
+    ram = RamTier(budget_bytes=25 * per_token)
     ram.admit(elsewhere.newest_entry())
     assert ram.stats()["entry_tokens"] == [25] and ram.stats()["bytes"] <= 25 * per_token
     assert ram.fetch(model, prompt + [1]).reused == 25
 
 
-def held_arrays(cache: PrefixCache) -> list[np.ndarray]:
+def held_arrays(cache: RamTier) -> list[np.ndarray]:
     """Every array the cache's blocks and positional states hold, copied out."""
     arrays = []
     for entry in cache.entries.values():
@@ -248,7 +248,7 @@ def held_arrays(cache: PrefixCache) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("length", [40, 1000], ids=["one-block", "several-blocks"])
 def test_a_restored_cache_never_writes_into_the_snapshot(model, length):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     stored = tokens(1, length)
     cache.store(stored, prefilled(model, stored))
     held = held_arrays(cache)
@@ -267,7 +267,7 @@ def test_a_restored_cache_never_writes_into_the_snapshot(model, length):
 
 
 def test_clear_drops_every_entry(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     prompt = tokens(1, 10)
     cache.store(prompt, prefilled(model, prompt))
     assert cache.clear() == 1
@@ -283,7 +283,7 @@ def test_a_short_state_is_copied_down_to_its_tokens(model):
 
 
 def test_a_long_state_is_kept_as_blocks_of_its_tokens(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     cache.store(tokens(1, 1000), prefilled(model, tokens(1, 1000)))  # held in a 1,024-token buffer
     (entry,) = cache.entries.values()
     assert [(ref.start, ref.end) for ref in entry.blocks] == [(0, 256), (256, 512), (512, 768), (768, 1000)]
@@ -296,7 +296,7 @@ def test_a_stored_state_is_copied_out_of_the_live_buffer_and_never_keeps_it_aliv
     mx.eval([layer.state for layer in live])
     gc.collect()
     with_live = mx.get_active_memory()
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     cache.store(prompt[:300], live)
     del live
     gc.collect()
@@ -338,7 +338,7 @@ def prefilled_with_checkpoints(model, prompt: list[int], positions: list[int]):
 
 
 def test_a_positional_model_restores_the_longest_checkpoint_inside_the_common_prefix(hybrid):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     stored = tokens(1, 40)
     live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [10, 20])
     cache.store(stored, live, 40, checkpoints)
@@ -351,7 +351,7 @@ def test_a_positional_model_restores_the_longest_checkpoint_inside_the_common_pr
 
 
 def test_a_positional_model_restores_the_whole_entry_when_the_prompt_extends_it(hybrid):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     stored = tokens(1, 40)
     live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [10])
     cache.store(stored, live, 40, checkpoints)
@@ -359,7 +359,7 @@ def test_a_positional_model_restores_the_whole_entry_when_the_prompt_extends_it(
 
 
 def test_a_checkpoint_shared_by_two_lanes_is_counted_once(hybrid):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     first = tokens(1, 30)
     live, checkpoints = prefilled_with_checkpoints(hybrid, first, [10])
     cache.store(first, live, 30, checkpoints)
@@ -378,7 +378,7 @@ def test_a_hybrid_entry_is_never_larger_than_the_budget(hybrid):
     stored = tokens(1, 40)
     live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [10, 20])
     whole = cache_layers.state_nbytes(live) + sum(c.nbytes for c in checkpoints)
-    cache = PrefixCache(budget_bytes=whole - 1)
+    cache = RamTier(budget_bytes=whole - 1)
     cache.store(stored, live, 40, checkpoints)
     stats = cache.stats()
     assert stats["bytes"] <= whole - 1
@@ -386,7 +386,7 @@ def test_a_hybrid_entry_is_never_larger_than_the_budget(hybrid):
 
 
 def test_an_entry_with_too_many_checkpoints_drops_the_earlier_of_the_closest_pair(hybrid):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     stored = tokens(1, 60)
     # A message start at 40 and the chat head right after its role header, at 43.
     live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [3, 10, 20, 40, 43, 50, 55])
@@ -395,7 +395,7 @@ def test_an_entry_with_too_many_checkpoints_drops_the_earlier_of_the_closest_pai
 
 
 def test_the_pinned_chat_head_checkpoint_is_never_dropped(hybrid):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     stored = tokens(1, 60)
     live, checkpoints = prefilled_with_checkpoints(hybrid, stored, [3, 10, 20, 40, 41, 50, 55])
     checkpoints[3].pinned = True  # the head at 40, one token before a branch point
@@ -406,7 +406,7 @@ def test_the_pinned_chat_head_checkpoint_is_never_dropped(hybrid):
 # --- blocks held once -------------------------------------------------------------
 
 
-def served(cache: PrefixCache, model, prompt: list[int]) -> int:
+def served(cache: RamTier, model, prompt: list[int]) -> int:
     """One request as the engine runs it: restore, prefill the rest, store. Returns the tokens reused."""
     fetched = cache.fetch(model, prompt)
     model(mx.array(prompt[fetched.reused :])[None], cache=fetched.prompt_cache)
@@ -429,7 +429,7 @@ def test_three_explore_lanes_sharing_a_head_hold_it_once(model):
     per_token = bytes_per_token(model)
     head = tokens(1, 1100)
     lanes = [head + tokens(10 + instance, 120) for instance in range(3)]
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     reused = [served(cache, model, lane) for lane in lanes]
     assert reused == [0, 1100, 1100]
     unique = len(head) + 3 * 120
@@ -441,7 +441,7 @@ def test_three_explore_lanes_sharing_a_head_hold_it_once(model):
 def test_a_fork_carrying_the_whole_main_conversation_adds_only_its_own_tokens(model):
     per_token = bytes_per_token(model)
     main = tokens(1, 2000)
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     served(cache, model, main)
     fork = main + tokens(2, 50)
     main_next = main + tokens(3, 80)
@@ -451,7 +451,7 @@ def test_a_fork_carrying_the_whole_main_conversation_adds_only_its_own_tokens(mo
 
 
 def test_a_turn_copies_only_its_new_tokens_and_keeps_the_previous_turn_s_blocks(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     turn1 = tokens(1, 700)
     served(cache, model, turn1)
     (first,) = cache.entries.values()
@@ -464,7 +464,7 @@ def test_a_turn_copies_only_its_new_tokens_and_keeps_the_previous_turn_s_blocks(
 
 
 def test_a_reply_rendered_again_a_little_differently_reuses_the_block_in_part(model):
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     prompt, reply = tokens(1, 600), tokens(2, 40)
     live = prefilled(model, prompt + reply[:-1])  # the last generated token is never fed
     cache.store(prompt + reply, live, prompt_length=600)
@@ -478,7 +478,7 @@ def test_a_reply_rendered_again_a_little_differently_reuses_the_block_in_part(mo
 def test_a_block_many_lanes_share_is_freed_with_the_last_lane_that_uses_it(model):
     per_token = bytes_per_token(model)
     head = tokens(1, 512)
-    cache = PrefixCache(budget_bytes=10**9)
+    cache = RamTier(budget_bytes=10**9)
     for instance in range(3):
         served(cache, model, head + tokens(10 + instance, 64))
     head_blocks = {ref.block.key for ref in next(iter(cache.entries.values())).blocks[:2]}
@@ -492,7 +492,7 @@ def test_a_block_many_lanes_share_is_freed_with_the_last_lane_that_uses_it(model
 
 def test_one_shot_lanes_are_evicted_before_older_lanes_in_use(model):
     per_token = bytes_per_token(model)
-    cache = PrefixCache(budget_bytes=200 * per_token)
+    cache = RamTier(budget_bytes=200 * per_token)
     in_use, title, new = tokens(1, 100), tokens(2, 60), tokens(3, 80)
     served(cache, model, in_use)
     served(cache, model, in_use + tokens(4, 5))  # used again: no longer one-shot (and older than the title)
@@ -504,7 +504,7 @@ def test_one_shot_lanes_are_evicted_before_older_lanes_in_use(model):
 
 def test_a_restore_from_many_blocks_the_last_in_part_computes_what_a_full_prefill_does(model, hybrid):
     for served_model, positional in ((model, False), (hybrid, True)):
-        cache = PrefixCache(budget_bytes=10**9, block_tokens=8)
+        cache = RamTier(budget_bytes=10**9, block_tokens=8)
         stored = tokens(1, 60)
         live, checkpoints = prefilled_with_checkpoints(served_model, stored, [21]) if positional else (prefilled(served_model, stored), [])
         cache.store(stored, live, 60, checkpoints)

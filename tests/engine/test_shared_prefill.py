@@ -1,6 +1,6 @@
 """Which prefill in flight a new request waits for, and where a prefill stops (pure logic)."""
 
-from stable_prefix.engine_patch.cache.prefix_cache import Fetched
+from stable_prefix.engine_patch.cache.ram_tier import Fetched
 from stable_prefix.engine_patch.cache.request_plan import RequestPlan
 from stable_prefix.engine_patch.cache.shared_prefill import MIN_SHARED_TOKENS, Prefill, source_for
 from stable_prefix.engine_patch.vllm_mlx.batched.batch_generator_access import segments_of

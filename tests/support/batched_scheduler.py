@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.cache.prompt_head import set_head_text
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.cache.request_reuse import begin_request, current_request_reuse
 from stable_prefix.engine_patch.drafts.drafting import Drafting
@@ -68,7 +68,7 @@ def batched_seams(budget_bytes: int = 256 * 2**20, block_tokens: int = BLOCK_TOK
     check too) on a fresh RAM cache (and `drafting`, if given), as install() puts them; the classes as shipped
     again afterwards."""
     saved = [(cls, dict(vars(cls))) for cls in patched_classes()]
-    seams = BatchedEngineSeams(PrefixPlanner(PrefixCache(budget_bytes=budget_bytes, block_tokens=block_tokens)), drafting)
+    seams = BatchedEngineSeams(PrefixPlanner(RamTier(budget_bytes=budget_bytes, block_tokens=block_tokens)), drafting)
     seams.install()
     try:
         yield seams

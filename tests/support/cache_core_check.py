@@ -26,7 +26,7 @@ import numpy as np
 from mlx_lm.models.cache import CacheList, ChunkedKVCache, KVCache, RotatingKVCache
 
 from stable_prefix.engine_patch.cache import cache_layers
-from stable_prefix.engine_patch.cache.prefix_cache import Checkpoint, PrefixCache
+from stable_prefix.engine_patch.cache.ram_tier import Checkpoint, RamTier
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.model_identity import ModelIdentity
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
@@ -63,7 +63,7 @@ def restarted_cache(model, directory: Path) -> tuple[TieredCache, DiskTier]:
     """A RAM cache over a new disk tier on `directory`, as a server started afresh has."""
     tier = DiskTier(directory, budget_bytes=2**30)
     tier.bind(model, ModelIdentity("c" * 64, {"synthetic": "cache core check"}))
-    return TieredCache(PrefixCache(budget_bytes=2**30), tier), tier
+    return TieredCache(RamTier(budget_bytes=2**30), tier), tier
 
 
 def check(family: str, directory: Path) -> dict:

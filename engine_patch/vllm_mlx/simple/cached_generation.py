@@ -25,8 +25,8 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from stable_prefix.engine_patch.cache.cache_layers import eval_state
-from stable_prefix.engine_patch.cache.prefix_cache import PrefixCache
 from stable_prefix.engine_patch.cache.prompt_head import head_text
+from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner, RequestPlan, prompt_token_ids
 from stable_prefix.engine_patch.cache.request_reuse import current_request_reuse
 from stable_prefix.engine_patch.http_api.admission import ClientGone, stop_if_client_gone
@@ -44,7 +44,7 @@ DEFAULT_PREFILL_STEP = 2048
 class CachedGeneration:
     """A drop-in `stream_generate` that reuses and refills the prefix cache."""
 
-    def __init__(self, original: Callable[..., Iterator[Any]], cache: PrefixCache, planner: PrefixPlanner | None = None):
+    def __init__(self, original: Callable[..., Iterator[Any]], cache: RamTier, planner: PrefixPlanner | None = None):
         self.original = original
         self.planner = planner or PrefixPlanner(cache)
         self.cache = self.planner.cache

@@ -1,8 +1,8 @@
-"""A token-prefix KV cache for several lanes at once, bounded in bytes, each block held once.
+"""The RAM tier: a token-prefix KV cache for several lanes at once, bounded in bytes, each block held once.
 
 After a request, the model's cache holds the state of every token it has seen
-(prompt and generated). `PrefixCache.store` keeps it as an entry (a lane);
-`PrefixCache.fetch` finds the stored prefix sharing the most leading tokens
+(prompt and generated). `RamTier.store` keeps it as an entry (a lane);
+`RamTier.fetch` finds the stored prefix sharing the most leading tokens
 with a new prompt and returns a fresh, independent cache holding exactly those
 tokens, so only the rest of the prompt needs a prefill.
 
@@ -85,7 +85,7 @@ class Checkpoint:
     pinned: bool = False
     # Who this checkpoint is, across a restart: the disk tier writes a shared
     # checkpoint once, and every lane's manifest names it by this key, so the
-    # lanes a restarted server loads share one object again (`PrefixCache.admit`).
+    # lanes a restarted server loads share one object again (`RamTier.admit`).
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -106,7 +106,7 @@ class CachedPrefix:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     turns: int = 1  # requests of this lane so far: 1 + those of the entries it replaced
     hits: int = 0  # requests that restored from it
-    model: str | None = None  # the model whose state it is (`PrefixCache.model_key`); None: a caller naming none
+    model: str | None = None  # the model whose state it is (`RamTier.model_key`); None: a caller naming none
 
     @property
     def checkpoint_positions(self) -> list[int]:
@@ -152,7 +152,7 @@ class CacheStats:
 
 
 @dataclass
-class PrefixCache:
+class RamTier:
     """LRU store of lanes, keyed by the token sequence they hold, their blocks held once.
 
     Thread-safety: fetch/store run on the engine's single generation thread;
