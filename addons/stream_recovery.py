@@ -31,7 +31,7 @@ Each recovery is one line in the log, on the flow's comment, and counted
 (`done` prints the totals). What cannot be completed (a recovery the upstream
 refuses: no replica left; a replay that differs where a continuation cannot
 carry what the client has: reasoning or a tool call; `MAX_ATTEMPTS` cuts in a
-row) ends as its agent sends it again after (`lanes.Agent.resends_after_error_event`):
+row) ends as its agent sends it again after (`CodingAgent.resends_after_error_event, stable_prefix/agents/base.py`):
 the error event `engine_errors.py` writes, or, for Qwen Code and Pi, which lose
 the turn to that event and send the request again only after a silent cut, a
 silent cut. A stream with more than one choice or an error in it is not

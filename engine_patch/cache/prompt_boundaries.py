@@ -49,8 +49,6 @@ MESSAGE_START_TOKENS = (
 # The most tokens a message's role header takes after its start token (Llama 3's
 # `<|start_header_id|>user<|end_header_id|>\n\n` takes four).
 HEADER_TOKENS = 8
-# A branch point inside the first message earlier than this is not worth its state (one KV block's worth of tokens).
-MIN_BRANCH_TOKENS = 256
 
 # By tokenizer object, not id(): a tokenizer loaded after another was freed may
 # get its address, and with it the wrong family's message starts.
@@ -92,13 +90,13 @@ def checkpoint_positions(
         # previous reply rendered differently from how it was generated, which
         # no later request shares (the next turn resumes at this prompt's
         # generation prompt), so a snapshot there would be written for nothing.
-        # A branch point a few dozen tokens in (a title request's or a
-        # subagent's system prompt sharing its first line with another's)
-        # spares less prefill than its state costs to write and read back.
+        # A branch point a few dozen tokens in is kept too: a sliding-window
+        # cache cannot be cut back to it, so without its state a new
+        # conversation sharing only the head reuses nothing (Gemma 3).
         before = [position for position in starts[1:] if after < position <= diverges_at]
         if before:
             wanted.add(before[-1])
-        elif diverges_at >= MIN_BRANCH_TOKENS and not [position for position in starts[1:] if position <= diverges_at]:
+        elif not [position for position in starts[1:] if position <= diverges_at]:
             wanted.add(diverges_at)
     positions = sorted(position for position in wanted if after < position < len(tokens))
     return _apart(positions, keep={starts[-1] if starts else None, head_length})

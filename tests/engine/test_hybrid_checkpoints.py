@@ -39,10 +39,11 @@ def test_a_branch_inside_the_first_message_is_checkpointed_where_it_diverges():
     assert checkpoint_positions(prompt, START_IDS, after=0, diverges_at=300) == [300, 400, 450]
 
 
-def test_a_branch_a_few_dozen_tokens_in_is_not_worth_a_state():
-    # A title request sharing the system prompt's first line with the main conversation.
+def test_a_branch_a_few_dozen_tokens_in_is_checkpointed_too():
+    # A sliding-window cache cannot be cut back to a branch point: without its state a new conversation
+    # sharing only the head would reuse nothing.
     prompt = messages(100, 50, 5)
-    assert checkpoint_positions(prompt, START_IDS, after=0, diverges_at=18) == [100, 150]
+    assert checkpoint_positions(prompt, START_IDS, after=0, diverges_at=18) == [18, 100, 150]
 
 
 def test_a_message_start_just_before_the_chat_head_s_end_is_one_checkpoint():
