@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 FAMILIES := qwen3_5 gpt_oss gemma3_text nemotron_h
 FAMILY_MODELS := $(foreach family,$(FAMILIES),build/tiny-$(family)/config.json)
 MLX_LM_032 := build/mlx-lm-0.32
-# A replica killed mid-reply (tests/proxy/test_stream_recovery.py, the agents' failover tests, bench/probes/agent_cuts.py): the
+# A replica killed mid-reply (tests/addons/test_stream_recovery.py, the agents' failover tests, bench/probes/agent_cuts.py): the
 # test preset in float32 (greedy answers without float16's near ties) with replies of ~FAILOVER_REPLY_TOKENS.
 FAILOVER_MODEL := build/tiny-model-failover
 FAILOVER_REPLY_TOKENS := 400
@@ -160,7 +160,7 @@ haproxy:
 		if command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq haproxy; \
 		else echo "error: HAProxy not found: brew install haproxy (macOS) or your system's package"; exit 1; fi; }
 
-# Headless Chromium for the session page's browser test (tests/proxy/test_session_page_browser.py) and docs/session-page.png.
+# Headless Chromium for the session page's browser test (tests/captures/test_session_page_browser.py) and docs/session-page.png.
 chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
 		if command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium; \

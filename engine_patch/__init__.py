@@ -7,7 +7,7 @@ The rooms, each importing only the ones listed before it:
   vllm_mlx/  the attachments to vllm-mlx, one folder per engine (batched/, simple/)
   here       install.py (attaches them), __main__.py (serve, and warm from captures/); defaults.py (the modes and defaults
              the CLI offers, importing nothing heavy)
-(tests/engine/test_engine_patch_layers.py holds them to it.)
+(tests/engine_patch/test_engine_patch_layers.py holds them to it.)
 
 `python -m stable_prefix.engine_patch serve MODEL [vllm-mlx serve flags]` installs it and
 runs vllm-mlx's own CLI; `install.install()` is the same thing for embedding.

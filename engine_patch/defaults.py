@@ -14,7 +14,7 @@ from stable_prefix.engine_patch.drafts.cost_gate import MODES as DRAFT_MODES
 
 # The releases the patch is run against in `make test`, and only those: 0.6.0
 # runs the whole suite, 0.3.0 (no cache of its own on the chat path) a warm hit
-# through `serve` (tests/engine/test_install.py). Releases between them were read but
+# through `serve` (tests/engine_patch/test_install.py). Releases between them were read but
 # never run, so they are left unpatched too (`stable-prefix doctor` says which
 # one is installed).
 TESTED_VERSIONS = ("0.3.0", "0.6.0")

@@ -38,9 +38,9 @@ AGENT_PINS = (CLAUDE_CODE, CLAUDE_CODE_ROUTER, OPENCODE, QWEN_CODE, CODEX_CLI, P
 # The engine `make test` installs and runs the patch against (the Makefile, requirements.txt and pyproject's
 # `engine` extra install these); which vllm-mlx releases the patch accepts is engine_patch/install.py's
 # TESTED_VERSIONS (0.3.0 and 0.6.0, the ones run).
-VLLM_MLX = Pin("vllm-mlx", "pypi", "vllm-mlx", "0.6.0", "0.6.0 runs the whole suite, 0.3.0 a warm hit (tests/engine/test_install.py)")
+VLLM_MLX = Pin("vllm-mlx", "pypi", "vllm-mlx", "0.6.0", "0.6.0 runs the whole suite, 0.3.0 a warm hit (tests/engine_patch/test_install.py)")
 MLX_LM = Pin("mlx-lm", "pypi", "mlx-lm", "0.31.3",
-             "0.31.x runs the whole suite; 0.32.2 runs the snapshot/restore core only (tests/engine/test_cache_layers.py)")
+             "0.31.x runs the whole suite; 0.32.2 runs the snapshot/restore core only (tests/engine_patch/cache/test_cache_layers.py)")
 ENGINE_PINS = (VLLM_MLX, MLX_LM)
 
 # Routers a team puts in front of several engines (stable_prefix/routers.py installs and starts them; the Makefile's

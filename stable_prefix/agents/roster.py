@@ -3,7 +3,7 @@
 The `stable-prefix <agent>` commands (`stable_prefix/cli.py`), the bench's clients (`bench/clients/cli_agents.py`,
 `agent_clients.py`), the tests' install fixtures (`tests/conftest.py`) and the proxy's lanes (`addons/lanes.py`) are
 made from it. Adding an agent: a module in this folder with its `AGENT`, and its line here (docs/agents.md, "Adding an
-agent"); `tests/agents/test_roster.py` fails for a module whose record is not listed.
+agent"); `tests/stable_prefix/agents/test_roster.py` fails for a module whose record is not listed.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 client sent, runs the hooks mitmdump would (request, responseheaders,
 response) with a small JSON answer, and returns what was forwarded, what the
 addons logged for that request and the capture records it left. Fast enough
-for thousands of fuzz examples; `tests/proxy/test_fuzz_proxy.py` runs fewer of them
+for thousands of fuzz examples; `tests/addons/test_fuzz_proxy.py` runs fewer of them
 through a real mitmdump.
 """
 

@@ -25,7 +25,7 @@ fan-out instances prefilled one after another).
 
 On an mlx-lm whose generator lacks the fields this reads
 (`batch_generator_access.why_unsupported`), a model with recurrent layers
-prefills one prompt at a time, as before. `tests/engine/test_recurrent_padding_fix.py`
+prefills one prompt at a time, as before. `tests/engine_patch/vllm_mlx/test_recurrent_padding_fix.py`
 fails the day mlx-lm no longer feeds the padding into the recurrent state of
 any hybrid family, so this module can go.
 """

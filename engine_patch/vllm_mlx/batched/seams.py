@@ -16,7 +16,7 @@ first and calls the earlier one. Two attributes are wrapped twice:
 - `BatchGenerator.insert`, on each generator a served scheduler builds: the
   draft sessions around the segmented insert (a session opens once its row has
   a uid).
-`tests/engine/test_batched_seams.py` reads the installed classes and
+`tests/engine_patch/test_batched_seams.py` reads the installed classes and
 generators and fails on any replaced attribute not in the table, or wrapped in
 another order.
 
