@@ -5,25 +5,12 @@ state is a whole recurrent snapshot (73.7 MiB at the Qwen3-Next shape); RAM keep
 """
 
 import numpy as np
-import pytest
 
 from stable_prefix.engine_patch.disk.lane_write_plan import WritePlan
 from stable_prefix.engine_patch.disk.persisted_entry import BlockPiece, CheckpointRecord, LaneRecord
-from stable_prefix.engine_patch.disk.snapshot_directory import SnapshotDirectory
-from stable_prefix.engine_patch.disk.snapshot_file import prepare_snapshot
+from tests.support.disk_stand_ins import a_file
 
 PROMPT = 300  # where the generation prompt starts: the next turn repeats every token before it
-
-
-def a_file() -> object:
-    return prepare_snapshot("state", "test", {}, {"what": "a stand-in"})
-
-
-@pytest.fixture
-def directory(tmp_path):
-    files = SnapshotDirectory(tmp_path / "kv", 10**9)
-    files.prepare()
-    return files
 
 
 def turn(positional: list[int], checkpoints: list[tuple[str, int]]) -> LaneRecord:

@@ -8,24 +8,13 @@ from stable_prefix.engine_patch.cache.ram_tier import MAX_CHECKPOINTS
 from stable_prefix.engine_patch.disk.lane_write_plan import WritePlan
 from stable_prefix.engine_patch.disk.persisted_entry import BlockPiece, CheckpointRecord, LaneRecord
 from stable_prefix.engine_patch.disk.snapshot_directory import BLOCK, STATE, SnapshotDirectory
-from stable_prefix.engine_patch.disk.snapshot_file import prepare_snapshot
+from tests.support.disk_stand_ins import a_file
 
 SHARED = 280  # the tokens both lanes begin with: the older lane's prompt and a part of its answer
 
 
 def lane(name: str, tokens: np.ndarray, prompt_length: int, blocks: list[BlockPiece], checkpoints: list[CheckpointRecord], end_state: str) -> LaneRecord:
     return LaneRecord(name, tokens, prompt_length, 2, [1], blocks, checkpoints, end_state, 1, 0.0, 0)
-
-
-def a_file() -> object:
-    return prepare_snapshot("state", "test", {}, {"what": "a stand-in"})
-
-
-@pytest.fixture
-def directory(tmp_path):
-    files = SnapshotDirectory(tmp_path / "kv", 10**9)
-    files.prepare()
-    return files
 
 
 @pytest.fixture
