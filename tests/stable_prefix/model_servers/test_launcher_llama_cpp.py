@@ -17,7 +17,7 @@ import requests
 
 from stable_prefix.model_servers.llama_cpp import llama_server_binary
 from tests.fixtures import claude_code as fixtures
-from tests.stable_prefix.test_launcher import Launcher, start_launcher, stop_launcher
+from tests.support.launcher import Launcher, start_launcher, stop_launcher
 from tests.support.llm_client import send
 from tests.support.processes import REPO_ROOT
 

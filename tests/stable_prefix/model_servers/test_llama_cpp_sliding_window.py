@@ -18,7 +18,7 @@ import requests
 
 from stable_prefix.model_servers.llama_cpp import GgufModel, llama_server_binary
 from tests.fixtures import claude_code as fixtures
-from tests.stable_prefix.test_launcher import Launcher, start_launcher, stop_launcher
+from tests.support.launcher import Launcher, start_launcher, stop_launcher
 from tests.support.processes import LOOPBACK, REPO_ROOT, free_port, http_ok, running
 
 GEMMA3 = REPO_ROOT / "build" / "gemma3-270m" / "gemma-3-270m-q4_k_m.gguf"
