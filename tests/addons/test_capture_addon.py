@@ -9,6 +9,7 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from stable_prefix.addons.capture import REDACTED, Capture, UsageObserver
 from tests.fixtures import claude_code
+from tests.support.messages_flows import api_flow, json_response
 from tests.support.proxy_addons import NO_RULES, DiagnosedCapture, ProxyAddons
 
 SCRIPT = Path(__file__).resolve().parents[2] / "addons" / "capture.py"
@@ -19,27 +20,6 @@ ANTHROPIC_SSE = [
     b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":7}}\n\n',
     b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
 ]
-
-
-def api_flow(body, path="/v1/messages?beta=true"):
-    content = json.dumps(body).encode()
-    headers = http.Headers(
-        [
-            (b"content-type", b"application/json"),
-            (b"x-api-key", b"sk-secret-key"),
-            (b"authorization", b"Bearer sk-secret-token"),
-            (b"cookie", b"session=abc"),
-            (b"anthropic-version", b"2023-06-01"),
-        ]
-    )
-    request = tutils.treq(host="127.0.0.1", port=8000, method=b"POST", path=path.encode(), headers=headers, content=content)
-    request.timestamp_start, request.timestamp_end = 100.0, 100.1
-    return tflow.tflow(req=request)
-
-
-def json_response(flow, payload, status=200):
-    flow.response = tutils.tresp(status_code=status, headers=http.Headers(((b"content-type", b"application/json"),)), content=json.dumps(payload).encode())
-    flow.response.timestamp_start, flow.response.timestamp_end = 100.6, 100.9
 
 
 def sse_response(flow):

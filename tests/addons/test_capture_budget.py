@@ -14,7 +14,7 @@ from mitmproxy.test import taddons
 
 from stable_prefix.addons.capture import DEFAULT_MAX_AGE_DAYS, DEFAULT_MAX_BYTES, Capture
 from stable_prefix.addons.capture_budget import DAY_S, Budget, enforce
-from tests.addons.test_capture_addon import api_flow, json_response
+from tests.support.messages_flows import api_flow, json_response
 
 NOW = 1_800_000_000.0
 RECORD = 10_000  # bytes per record in these sessions

@@ -14,7 +14,7 @@ from mitmproxy.test import taddons
 from stable_prefix.addons import capture as capture_module
 from stable_prefix.addons.capture import Capture
 from stable_prefix.addons.capture_folder import PRIVATE_FILE_MODE, claim_new_session, create_private, last_record_number, write_record
-from tests.addons.test_capture_addon import api_flow, json_response
+from tests.support.messages_flows import api_flow, json_response
 from tests.support.proxy_addons import NO_RULES, DiagnosedCapture
 
 

@@ -9,8 +9,8 @@ from mitmproxy.test import taddons
 
 from stable_prefix.addons.llama_slots import LlamaSlots
 from stable_prefix.servers import REPO_ROOT
-from tests.addons.test_capture_addon import api_flow
 from tests.fixtures import claude_code
+from tests.support.messages_flows import api_flow
 from tests.support.proxy_addons import ProxyAddons
 
 

@@ -7,30 +7,16 @@ from pathlib import Path
 
 import pytest
 from mitmproxy import http
-from mitmproxy.test import taddons, tflow, tutils
+from mitmproxy.test import taddons, tutils
 
 from stable_prefix.addons.capture import Capture
 from stable_prefix.addons.flow_notes import FLOW_NOTES
 from stable_prefix.addons.sse_events import format_event
 from tests.fixtures import codex
 from tests.support.proxy_addons import NO_RULES, DiagnosedCapture, ProxyAddons
+from tests.support.responses_flows import json_answer, response_object, responses_flow
 
 SCRIPT = Path(__file__).resolve().parents[2] / "addons" / "strip_billing.py"
-USAGE = {"input_tokens": 900, "output_tokens": 3, "total_tokens": 903, "input_tokens_details": {"cached_tokens": 880}}
-
-
-def responses_flow(body, headers=None, path="/v1/responses"):
-    content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    pairs = [(b"content-type", b"application/json")] + [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    request = tutils.treq(host="127.0.0.1", port=8000, method=b"POST", path=path.encode(), headers=http.Headers(pairs), content=content)
-    request.timestamp_start, request.timestamp_end = 100.0, 100.1
-    return tflow.tflow(req=request)
-
-
-def response_object(response_id, text="Hello."):
-    return {"id": response_id, "object": "response", "status": "completed", "usage": USAGE,
-            "output": [{"type": "message", "id": f"msg_{response_id}", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def answer_events(response_id, text="Hello."):
@@ -54,13 +40,6 @@ def stream_answer(addons, flow, events, chunk=23):
     for addon in addons:
         addon.response(flow)
     return b"".join(passed), wire
-
-
-def json_answer(addons, flow, payload):
-    flow.response = tutils.tresp(headers=http.Headers(((b"content-type", b"application/json"),)), content=json.dumps(payload).encode())
-    for addon in addons:
-        addon.responseheaders(flow)
-        addon.response(flow)
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ from mitmproxy.test import taddons
 
 from stable_prefix.addons.capture import Capture
 from stable_prefix.captures.cli import main
-from tests.addons.test_responses_addon import json_answer, response_object, responses_flow
 from tests.fixtures import codex
 from tests.support.proxy_addons import ProxyAddons
+from tests.support.responses_flows import json_answer, response_object, responses_flow
 
 
 def captured(directory, bodies_and_headers):
