@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.engine_patch.test_engine_patch_server import ENGINES, PROTOCOLS, anthropic_turns, interleaved, prompt_tokens
-from tests.support.llm_client import cache_stats, reused_tokens, send
+from tests.support.engines import ENGINE_MODE_FLAGS
+from tests.support.lane_conversations import PROTOCOLS, anthropic_turns, interleaved
+from tests.support.llm_client import cache_stats, prompt_tokens, reused_tokens, send
 from tests.support.models import REPO_ROOT, require_model
 from tests.support.processes import free_port, http_ok, running
 
@@ -61,10 +62,10 @@ def new_conversation(body: dict, path: str) -> dict:
     return {**body, "messages": [*first, {"role": "user", "content": "A different task: list the open issues."}], "stream": False}
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", list(ENGINE_MODE_FLAGS))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_answers_as_shipped_stays_warm_and_never_reuses_less(family, engine, tmp_path_factory):
-    ours, theirs = ENGINES[engine]
+    ours, theirs = ENGINE_MODE_FLAGS[engine]
     with engine_server(tmp_path_factory, family, f"patched-{engine}", *ours, "--prefix-cache-bytes", "64MiB") as patched, \
             engine_server(tmp_path_factory, family, f"shipped-{engine}", *theirs) as shipped:
         # Both servers start empty and keep what they cached across the two
@@ -97,8 +98,8 @@ def test_requests_of_three_lengths_sent_at_once_to_the_batched_engine_answer_as_
     # A long main turn, a subagent's first and a title request: prefilled together (recurrent_padding_fix
     # for the hybrids), each answer as vllm-mlx's SimpleEngine gives it alone.
     bodies = [anthropic_turns("main")[2], anthropic_turns("subagent")[0], anthropic_turns("title")[0]]
-    with engine_server(tmp_path_factory, family, "patched-batched-at-once", *ENGINES["batched"][0], "--prefix-cache-bytes", "64MiB") as patched, \
-            engine_server(tmp_path_factory, family, "shipped-simple-alone", *ENGINES["simple"][1]) as alone:
+    with engine_server(tmp_path_factory, family, "patched-batched-at-once", *ENGINE_MODE_FLAGS["batched"][0], "--prefix-cache-bytes", "64MiB") as patched, \
+            engine_server(tmp_path_factory, family, "shipped-simple-alone", *ENGINE_MODE_FLAGS["simple"][1]) as alone:
         expected = [send(alone.url, "/v1/messages", body).text for body in bodies]
         with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
             answers = list(pool.map(lambda body: send(patched.url, "/v1/messages", body), bodies))

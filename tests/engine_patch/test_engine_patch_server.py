@@ -9,25 +9,19 @@ stay warm; a small budget evicts by LRU and is never exceeded.
 
 from __future__ import annotations
 
-import copy
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.support.llm_client import cache_stats, clear_cache, reused_tokens, send
+from tests.support.engines import ENGINE_MODE_FLAGS
+from tests.support.lane_conversations import PROTOCOLS, anthropic_turns, interleaved
+from tests.support.llm_client import cache_stats, clear_cache, prompt_tokens, reused_tokens, send
 from tests.support.models import require_model
 from tests.support.processes import free_port, http_ok, running
 
 pytestmark = pytest.mark.server
-
-MAX_TOKENS = 8
-# Per engine mode: the patched server's flags, and the same engine as shipped.
-ENGINES = {
-    "simple": (["--engine", "simple"], ["--engine", "simple", "--no-prefix-cache"]),
-    "batched": (["--engine", "batched"], ["--engine", "batched", "--no-prefix-cache"]),
-}
 
 
 def engine_server(tmp_path_factory, name: str, *flags: str):
@@ -43,20 +37,20 @@ def engine_server(tmp_path_factory, name: str, *flags: str):
     )
 
 
-@pytest.fixture(scope="module", params=list(ENGINES))
+@pytest.fixture(scope="module", params=list(ENGINE_MODE_FLAGS))
 def engine(request) -> str:
     return request.param
 
 
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory, engine):
-    with engine_server(tmp_path_factory, f"patched-{engine}", *ENGINES[engine][0], "--prefix-cache-bytes", "64MiB") as server:
+    with engine_server(tmp_path_factory, f"patched-{engine}", *ENGINE_MODE_FLAGS[engine][0], "--prefix-cache-bytes", "64MiB") as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory, engine):
-    with engine_server(tmp_path_factory, f"shipped-{engine}", *ENGINES[engine][1]) as server:
+    with engine_server(tmp_path_factory, f"shipped-{engine}", *ENGINE_MODE_FLAGS[engine][1]) as server:
         yield server
 
 
@@ -64,86 +58,6 @@ def shipped(tmp_path_factory, engine):
 def fresh_cache(patched):
     clear_cache(patched.url)
     return patched
-
-
-# --- conversations shaped like an agent's, in both protocols ---------------
-
-READ_FILE = {"name": "read_file", "description": "Read a file.", "input_schema": {
-    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
-RUN = {"name": "run", "description": "Run a shell command.", "input_schema": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
-
-LANES = {
-    "main": ("You are the main coding agent. Work step by step.", [READ_FILE, RUN]),
-    "subagent": ("You are a search subagent. Report file paths only.", [READ_FILE]),
-    "title": ("Write a five-word title for the conversation.", []),
-}
-
-
-def anthropic_turns(lane: str) -> list[dict]:
-    """Requests of one lane, each extending the previous one's messages."""
-    system, tools = LANES[lane]
-    base = {"model": "tiny", "max_tokens": MAX_TOKENS, "temperature": 0, "system": [{"type": "text", "text": system}]}
-    if tools:
-        base["tools"] = tools
-    messages = [{"role": "user", "content": f"[{lane}] What does src/app.py do?"}]
-    turns = [{**base, "messages": copy.deepcopy(messages)}]
-    messages += [
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Let me read it."},
-            {"type": "tool_use", "id": "toolu_01", "name": "read_file", "input": {"path": "src/app.py"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "def handler(request):\n    return service(request)\n"}]},
-    ]
-    turns.append({**base, "messages": copy.deepcopy(messages)})
-    messages += [
-        {"role": "assistant", "content": [{"type": "text", "text": "It forwards the request to the service."}]},
-        {"role": "user", "content": "Thanks. Now check the tests."},
-    ]
-    turns.append({**base, "messages": copy.deepcopy(messages), "stop_sequences": ["\n\nHuman:"], "top_k": 40})
-    return turns
-
-
-def openai_turns(lane: str) -> list[dict]:
-    system, tools = LANES[lane]
-    base = {"model": "tiny", "max_tokens": MAX_TOKENS, "temperature": 0}
-    if tools:
-        base["tools"] = [{"type": "function", "function": {
-            "name": tool["name"], "description": tool["description"], "parameters": tool["input_schema"]}} for tool in tools]
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": f"[{lane}] What does src/app.py do?"}]
-    turns = [{**base, "messages": copy.deepcopy(messages)}]
-    messages += [
-        {"role": "assistant", "content": "Let me read it.", "tool_calls": [{"id": "call_01", "type": "function", "function": {
-            "name": "read_file", "arguments": "{\"path\": \"src/app.py\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_01", "content": "def handler(request):\n    return service(request)\n"},
-    ]
-    turns.append({**base, "messages": copy.deepcopy(messages)})
-    messages += [
-        {"role": "assistant", "content": "It forwards the request to the service."},
-        {"role": "user", "content": "Thanks. Now check the tests."},
-    ]
-    turns.append({**base, "messages": copy.deepcopy(messages), "stop": ["\n\nUser:"], "top_k": 40, "presence_penalty": 0.5})
-    return turns
-
-
-PROTOCOLS = {"/v1/messages": anthropic_turns, "/v1/chat/completions": openai_turns}
-
-
-def interleaved(path: str) -> list[tuple[str, dict]]:
-    """main, subagent and title requests interleaved, streamed and not."""
-    turns = {lane: PROTOCOLS[path](lane) for lane in LANES}
-    order = [("main", 0), ("subagent", 0), ("main", 1), ("title", 0), ("subagent", 1), ("main", 2), ("subagent", 2)]
-    sequence = []
-    for index, (lane, turn) in enumerate(order):
-        body = {**turns[lane][turn], "stream": index % 2 == 1}
-        sequence.append((lane, body))
-    return sequence
-
-
-def prompt_tokens(path: str, usage: dict) -> int:
-    if path == "/v1/messages":
-        return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
-    return usage["prompt_tokens"]
 
 
 # --- the specification ------------------------------------------------------
@@ -200,7 +114,7 @@ def test_a_budget_too_small_for_every_lane_evicts_the_least_recent_and_is_never_
     budget = 60_000
     lost_warm_prefix = []
     previous_prompt: dict[str, int] = {}
-    with engine_server(tmp_path_factory, f"small-budget-{engine}", *ENGINES[engine][0], "--prefix-cache-bytes", str(budget)) as server:
+    with engine_server(tmp_path_factory, f"small-budget-{engine}", *ENGINE_MODE_FLAGS[engine][0], "--prefix-cache-bytes", str(budget)) as server:
         for lane, body in interleaved("/v1/messages"):
             answer = send(server.url, "/v1/messages", body)
             stats = cache_stats(server.url)

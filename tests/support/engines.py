@@ -17,6 +17,11 @@ from .processes import free_port, http_ok, running
 SHIPPED = UNCACHED_FLAGS["simple"]
 # The default engine mode as shipped, uncached: the reference of tests that run the default mode.
 SHIPPED_DEFAULT_MODE = UNCACHED_FLAGS[DEFAULT_ENGINE]
+# Per engine mode: the patched server's flags, and the same engine as shipped.
+ENGINE_MODE_FLAGS = {
+    "simple": (["--engine", "simple"], ["--engine", "simple", "--no-prefix-cache"]),
+    "batched": (["--engine", "batched"], ["--engine", "batched", "--no-prefix-cache"]),
+}
 
 
 def engine(log_dir: Path, name: str, *flags: str, model: Path = TEST_MODEL, env: dict[str, str] | None = None, port: int | None = None):

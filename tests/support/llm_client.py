@@ -92,6 +92,12 @@ def reused_tokens(path: str, usage: dict) -> int | None:
     return (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
+def prompt_tokens(path: str, usage: dict) -> int:
+    if path == "/v1/messages":
+        return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+    return usage["prompt_tokens"]
+
+
 def clear_cache(base_url: str) -> dict:
     response = requests.delete(base_url + "/v1/cache", timeout=30)
     response.raise_for_status()
