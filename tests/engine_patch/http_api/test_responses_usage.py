@@ -7,7 +7,7 @@ import json
 from stable_prefix.addons.sse_events import EventStream, carries_output, error_in, format_event, merge_usage
 from stable_prefix.engine_patch.cache.request_reuse import RequestReuse
 from stable_prefix.engine_patch.http_api.usage_fields import SseUsageRewriter, add_reuse_to_payload
-from tests.engine_patch.http_api.test_usage_fields import run_middleware
+from tests.support.usage_middleware import run_middleware
 
 REUSE = RequestReuse(prompt_tokens=1000, reused=900)
 ENGINE_USAGE = {"input_tokens": 1000, "output_tokens": 3, "total_tokens": 1003,

@@ -1,11 +1,11 @@
 """How reused tokens appear in responses: Anthropic and OpenAI usage fields,
 in whole JSON bodies and in SSE streams cut at any byte."""
 
-import asyncio
 import json
 
 from stable_prefix.engine_patch.cache.request_reuse import RequestReuse
-from stable_prefix.engine_patch.http_api.usage_fields import ReuseUsageMiddleware, SseUsageRewriter, add_reuse_to_payload
+from stable_prefix.engine_patch.http_api.usage_fields import SseUsageRewriter, add_reuse_to_payload
+from tests.support.usage_middleware import run_middleware
 
 REUSE = RequestReuse(prompt_tokens=1000, reused=900)
 
@@ -68,33 +68,6 @@ def test_complete_events_are_passed_on_at_once():
 def test_a_stream_is_untouched_while_the_reuse_is_unknown():
     rewriter = SseUsageRewriter("/v1/messages", RequestReuse())
     assert rewriter.feed(STREAM) + rewriter.flush() == STREAM
-
-
-def run_middleware(path: str, content_type: bytes, body_chunks: list[bytes], reuse_seen: RequestReuse) -> list[dict]:
-    """Drive the ASGI middleware around a fake app that records a reuse, as a generation does."""
-    from stable_prefix.engine_patch.cache.request_reuse import current_request_reuse
-
-    async def app(scope, receive, send):
-        reuse = current_request_reuse()
-        if reuse is not None:  # only generation routes get a record
-            reuse.record(reuse_seen.prompt_tokens, reuse_seen.reused)
-        length = str(sum(len(chunk) for chunk in body_chunks)).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", content_type), (b"content-length", length)]})
-        for index, chunk in enumerate(body_chunks):
-            await send({"type": "http.response.body", "body": chunk, "more_body": index < len(body_chunks) - 1})
-
-    sent = []
-
-    async def send(message):
-        sent.append(message)
-
-    async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    scope = {"type": "http", "method": "POST", "path": path, "headers": []}
-    asyncio.run(ReuseUsageMiddleware(app)(scope, receive, send))
-    return sent
 
 
 def test_a_json_response_gets_the_fields_and_a_correct_content_length():
