@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         args.report.with_suffix(".md").write_text(kv_report.markdown(result))
         print(kv_report.markdown(result))
         return 0
-    started = time.time()
+    started, load_at_start = time.time(), os.getloadavg()[0]
     runs = servers(args) if args.servers else in_process(args)
     result = {
         "schema": 1,
@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": round(time.time() - started, 1),
         "command": shlex.join(["python", "-m", "stable_prefix.bench.kv_bytes", *(argv if argv is not None else sys.argv[1:])]),
         "machine": f"{cpu_description()}, {platform.system()}",
+        # The machine's load (1-minute average) as the run began and ended: timings on a shared box are loaded and noisy.
+        "load_average": {"start": round(load_at_start, 2), "end": round(os.getloadavg()[0], 2)},
         "mode": "through servers (mitmdump with the addon into engine_patch serve --prefix-cache-dir)" if args.servers else "in process",
         "budgets": {"ram_bytes": RAM_BUDGET_BYTES, "disk_bytes": DISK_BUDGET_BYTES},
         "engines": [{"label": engine.label, "tree": str(engine.tree)} for engine in args.engines],
