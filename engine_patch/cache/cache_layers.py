@@ -196,6 +196,36 @@ def restore_from_blocks(live: list[Any], pieces: list[tuple[list[Any], int]], le
     return live
 
 
+class LiveCacheChanged(Exception):
+    """A kept live cache no longer holds what it held when kept."""
+
+
+def reuse_live(prompt_cache: list[Any], kept_offset: int, length: int, positional_layers: list[Any] | None) -> list[Any]:
+    """A live cache (`live_lane.py`) cut back to its first `length` tokens, in place: no byte of them copied.
+
+    Rewindable layers are trimmed (a `KVCache` writes its next tokens over
+    what it held after `length`; a `ConcatenateKVCache` appends to all its
+    arrays hold, so they are cut). Positional layers cannot be rewound: they
+    are replaced by new objects restored from `positional_layers` (their state
+    after `length` tokens), or kept as they are where that is None (they hold
+    exactly `length` tokens). Raises `LiveCacheChanged` if the cache was fed
+    since it was kept.
+    """
+    if cached_token_count(prompt_cache) != kept_offset:
+        raise LiveCacheChanged(f"the live cache holds {cached_token_count(prompt_cache)} tokens, not the {kept_offset} it was kept with")
+    rewindable = [layer for layer in prompt_cache if is_rewindable(layer)]
+    if any(layer.offset < length for layer in rewindable):
+        raise LiveCacheChanged(f"a layer of the live cache holds fewer than the {length} tokens to reuse")
+    for layer in rewindable:
+        if type(layer) is ConcatenateKVCache and layer.offset > length:
+            layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+        layer.trim(layer.offset - length)
+    if positional_layers is not None:
+        for index in positional_indices(prompt_cache):
+            prompt_cache[index] = restore([positional_layers[index]])[0]
+    return prompt_cache
+
+
 def _buffer_for(parts: list[mx.array], tokens: int, copies: list[tuple[mx.array, list[mx.array]]]) -> mx.array:
     """A buffer of `tokens` tokens whose first ones will be `parts` back to back.
 

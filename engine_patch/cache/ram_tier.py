@@ -44,6 +44,7 @@ module that touches mlx-lm's per-layer cache internals.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -61,13 +62,17 @@ from .cache_layers import (
     eval_blocks,
     positional_indices,
     restore_from_blocks,
+    reuse_live,
     snapshot,
     snapshot_nbytes,
     state_nbytes,
 )
 from .kv_blocks import BLOCK_TOKENS, Block, BlockRef, BlockStore, block_keys, covering, new_segments, reusable_refs
+from .live_lane import LiveLane, LiveLanes
 from .per_model import PerModel
 from .prefix_index import best_match, common_prefix_length, placement
+
+logger = logging.getLogger("engine_patch")
 
 # Checkpoints one entry keeps at most (the heads new conversations and
 # subagent calls share, where the next turn resumes, branch points).
@@ -149,6 +154,12 @@ class CacheStats:
     trimmed_to_fit: int = 0
     fallbacks: int = 0
     last_fallback_reason: str | None = None
+    # Restores served by the hot lane kept live (`live_lane.py`): nothing copied.
+    live_reuses: int = 0
+    live_tokens_reused: int = 0
+    live_bytes_not_restored: int = 0  # the KV bytes a block restore would have copied
+    live_fallbacks: int = 0  # a kept lane found changed: restored from the blocks instead
+    last_live_fallback_reason: str | None = None
 
 
 @dataclass
@@ -172,6 +183,12 @@ class RamTier:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # Each model object's key (held weakly): two models in one server never restore, share or replace each other's state.
     _model_keys: PerModel[str] = field(default_factory=PerModel)
+    # The last request's own cache, reused in place by the next request sharing its prefix (0: none kept).
+    live_lane_limit: int = 1
+    live: LiveLanes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.live = LiveLanes(self.live_lane_limit)
 
     def model_key(self, model: Any) -> str | None:
         """The key the cache files `model`'s state under: one per loaded model object (a reloaded model starts
@@ -203,6 +220,7 @@ class RamTier:
         with self._lock:
             match = best_match(self._entries_of(model_key), prompt, positional)
             if match.key is None:
+                self.live.take(model_key, prompt, 0)
                 self.counters.misses += 1
                 self.counters.tokens_prefilled += len(prompt)
                 return Fetched(live, 0, match.longest_common)
@@ -210,14 +228,42 @@ class RamTier:
             self.entries.move_to_end(match.key)
             entry.hits += 1
             inherited = [checkpoint for checkpoint in entry.checkpoints if checkpoint.position <= match.length]
-            pieces = [(ref.block.arrays, ref.used) for ref in covering(entry.blocks, match.length)]
+            refs = covering(entry.blocks, match.length)
+            pieces = [(ref.block.arrays, ref.used) for ref in refs]
             positional_layers = _positional_state_at(entry, match.length)
-        prompt_cache = restore_from_blocks(live, pieces, match.length, len(prompt) + 1, positional_layers)
+            lane = self.live.take(model_key, prompt, match.length)
+        prompt_cache = self._reused_live(lane, match.length, positional_layers, refs) if lane is not None else None
+        if prompt_cache is None:
+            prompt_cache = restore_from_blocks(live, pieces, match.length, len(prompt) + 1, positional_layers)
         with self._lock:
             self.counters.hits += 1
             self.counters.tokens_reused += match.length
             self.counters.tokens_prefilled += len(prompt) - match.length
         return Fetched(prompt_cache, match.length, match.longest_common, inherited)
+
+    def _reused_live(self, lane: LiveLane, length: int, positional_layers: list[Any], refs: list[BlockRef]) -> list[Any] | None:
+        """`lane`'s cache cut back to `length` tokens, in place; None (counted, logged) if it cannot serve exactly."""
+        at_its_end = lane.positional_end and length == len(lane.tokens)
+        try:
+            prompt_cache = reuse_live(lane.prompt_cache, lane.offset, length, None if at_its_end else positional_layers)
+        except Exception as error:  # a doubt about the live cache: the blocks restore exactly
+            logger.warning("prefix cache: the live lane was not reused (%r); restored from the blocks", error)
+            with self._lock:
+                self.counters.live_fallbacks += 1
+                self.counters.last_live_fallback_reason = repr(error)
+            return None
+        with self._lock:
+            self.counters.live_reuses += 1
+            self.counters.live_tokens_reused += length
+            self.counters.live_bytes_not_restored += sum(ref.block.nbytes * ref.used // ref.block.token_count for ref in refs)
+        return prompt_cache
+
+    def keep_live(self, tokens: list[int], prompt_cache: list[Any], model: Any = None) -> None:
+        """Keep `prompt_cache` itself, the state of `tokens`, which its request owned and no one feeds any more,
+        for the next request sharing its prefix (`live_lane.py`)."""
+        model_key = self.model_key(model)
+        with self._lock:
+            self.live.keep(tokens, prompt_cache, model_key)
 
     def restorable_prefix(self, prompt_tokens: list[int] | np.ndarray, positional: bool, model: Any = None) -> int:
         """How many prompt tokens a fetch by `model` would reuse, without restoring anything."""
@@ -409,6 +455,7 @@ class RamTier:
             dropped = len(self.entries)
             self.entries.clear()
             self.blocks.clear()
+            self.live.clear()
         return dropped
 
     def stats(self) -> dict[str, Any]:
@@ -425,6 +472,8 @@ class RamTier:
                 "block_size": self.block_tokens,
                 "entry_tokens": [len(entry.tokens) for entry in self.entries.values()],
                 "entry_checkpoints": [[c.position for c in entry.checkpoints] for entry in self.entries.values()],
+                "live_lanes": len(self.live.lanes),
+                "live_bytes": self.live.nbytes,  # outside budget_bytes: the memory the last request held while it ran
             }
 
 

@@ -130,13 +130,23 @@ class PrefixPlanner:
         layers, nbytes = snapshot(prompt_cache, positional_indices(prompt_cache))
         plan.checkpoints.append(Checkpoint(position, layers, nbytes, pinned=position == plan.head_length))
 
-    def finish(self, plan: RequestPlan, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None) -> None:
-        """Keep `prompt_cache`, the state of `tokens` (the prompt and what was generated), with the plan's checkpoints."""
+    def finish(self, plan: RequestPlan, tokens: list[int], prompt_cache: list[Any], prompt_length: int | None = None,
+               *, ends_request: bool | None = None) -> None:
+        """Keep `prompt_cache`, the state of `tokens` (the prompt and what was generated), with the plan's checkpoints.
+
+        When the request has ended with a cache no one feeds any more, that cache itself is kept live for the
+        next request sharing its prefix (`live_lane.py`). `ends_request` says so; by default it is so when
+        `prompt_cache` is the very cache the plan restored (SimpleEngine's request, over); a batch's state
+        (a sequence still running, another object) is never kept.
+        """
         try:
             self.cache.store(tokens, prompt_cache, plan.prompt_length if prompt_length is None else prompt_length, plan.checkpoints_up_to(len(tokens)),
                              model=plan.model)
         except Exception as error:  # the answer is already out; only reuse is lost
             self.fallback("snapshot", error, "nothing stored for this request")
+            return
+        if ends_request if ends_request is not None else prompt_cache is plan.prompt_cache:
+            self.cache.keep_live(tokens, prompt_cache, model=plan.model)
 
     def fallback(self, stage: str, error: BaseException, consequence: str) -> None:
         logger.warning("prefix cache %s failed (%r); %s", stage, error, consequence)

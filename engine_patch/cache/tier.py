@@ -30,6 +30,10 @@ class CacheTier(Protocol):
         """Keep the state of `prompt_cache`, whose first tokens are `tokens`, computed by `model`."""
         ...
 
+    def keep_live(self, tokens: list[int], prompt_cache: list[Any], *, model: Any) -> None:
+        """Keep `prompt_cache` itself (its request is over) for the next request sharing its prefix: `live_lane.py`."""
+        ...
+
     def record_fallback(self, reason: str) -> None:
         """Count a request the cache failed (it ran uncached, or stored nothing)."""
         ...

@@ -87,6 +87,10 @@ class TieredCache:
         except Exception as error:
             self.disk.count_error("queueing a snapshot for the disk", error)
 
+    def keep_live(self, tokens: list[int], prompt_cache: list[Any], *, model: Any) -> None:
+        """The live cache stays in RAM alone (the disk has the lane's blocks from `store`)."""
+        self.ram.keep_live(tokens, prompt_cache, model)
+
     def record_fallback(self, reason: str) -> None:
         self.ram.record_fallback(reason)
 
