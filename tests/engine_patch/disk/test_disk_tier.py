@@ -108,6 +108,12 @@ def written(tier, model, prompt) -> TieredCache:
     return cache
 
 
+def lanes_on_one_head(head_length: int, lanes: int) -> list[list[int]]:
+    """The prompts of `lanes` instances (subagents) that share their first `head_length` tokens, then 100 of their own."""
+    head = tokens(1, head_length)
+    return [head + tokens(10 + instance, 100) for instance in range(lanes)]
+
+
 def snapshot_files(directory):
     return sorted(path for path in directory.rglob("*.kv") if not path.name.startswith("."))
 
@@ -267,13 +273,20 @@ class SlowDisk:
         write_snapshot(path, prepared)
 
 
-def test_the_next_request_does_not_wait_for_the_previous_one_s_write(model, open_tier):
+def first_write_stuck(open_tier, model, first: list[int], **options) -> tuple[SlowDisk, DiskTier, TieredCache]:
+    """A tier on a disk that finishes no write until the test releases it, `first` served and its write begun and
+    stuck: (the disk, the tier, a cache over it)."""
     disk = SlowDisk()
-    tier = open_tier(model, write_file=disk.write)
+    tier = open_tier(model, write_file=disk.write, **options)
     cache = tiered(tier)
-    first = tokens(1, 200)
     serve(cache, model, first)
-    assert disk.started.wait(timeout=60)  # the first state's write has begun and is stuck
+    assert disk.started.wait(timeout=60)
+    return disk, tier, cache
+
+
+def test_the_next_request_does_not_wait_for_the_previous_one_s_write(model, open_tier):
+    first = tokens(1, 200)
+    disk, tier, cache = first_write_stuck(open_tier, model, first)
     reused, _ = serve(cache, model, first + tokens(2, 20))  # the whole next request runs meanwhile
     assert reused == 200
     assert not disk.release.is_set() and tier.stats()["disk_writes"] == 0
@@ -283,11 +296,7 @@ def test_the_next_request_does_not_wait_for_the_previous_one_s_write(model, open
 
 
 def test_a_disk_slower_than_the_requests_drops_the_oldest_pending_write(model, open_tier, directory):
-    disk = SlowDisk()
-    tier = open_tier(model, write_file=disk.write, queue_limit=2)
-    cache = tiered(tier)
-    serve(cache, model, tokens(30, 60))
-    assert disk.started.wait(timeout=60)
+    disk, tier, cache = first_write_stuck(open_tier, model, tokens(30, 60), queue_limit=2)
     for seed in (31, 32, 33):  # three more lanes queue behind the stuck write
         serve(cache, model, tokens(seed, 60))
     assert tier.stats()["disk_writes_dropped"] == 1
@@ -298,11 +307,7 @@ def test_a_disk_slower_than_the_requests_drops_the_oldest_pending_write(model, o
 
 
 def test_a_pending_write_is_superseded_by_the_next_turn_of_its_conversation(model, open_tier):
-    disk = SlowDisk()
-    tier = open_tier(model, write_file=disk.write)
-    cache = tiered(tier)
-    serve(cache, model, tokens(40, 60))
-    assert disk.started.wait(timeout=60)
+    disk, tier, cache = first_write_stuck(open_tier, model, tokens(40, 60))
     turn = tokens(41, 60)
     serve(cache, model, turn)
     serve(cache, model, turn + tokens(42, 10))
@@ -558,9 +563,8 @@ def test_a_many_turn_conversation_writes_each_token_s_kv_once(model, open_tier):
 def test_lanes_sharing_a_head_write_it_once_and_count_it_reused(model, open_tier, directory):
     tier = open_tier(model)
     cache = tiered(tier)
-    head = tokens(1, 1024)
-    for instance in range(3):
-        serve(cache, model, head + tokens(10 + instance, 100))
+    for prompt in lanes_on_one_head(1024, lanes=3):
+        serve(cache, model, prompt)
         assert tier.flush(timeout=60)
     stats = tier.stats()
     assert stats["disk_model_entries"] == 3 and stats["disk_blocks_reused"] == 2 * 4  # the head's four blocks
@@ -662,11 +666,7 @@ def test_two_servers_on_one_directory_never_hold_more_than_the_budget_at_any_wri
 
 
 def test_a_lane_whose_write_was_dropped_is_written_whole_by_its_next_turn(model, open_tier, directory):
-    disk = SlowDisk()
-    tier = open_tier(model, write_file=disk.write, queue_limit=1)
-    cache = tiered(tier)
-    serve(cache, model, tokens(30, 60))
-    assert disk.started.wait(timeout=60)
+    disk, tier, cache = first_write_stuck(open_tier, model, tokens(30, 60), queue_limit=1)
     dropped = tokens(31, 400)
     serve(cache, model, dropped)
     serve(cache, model, tokens(32, 60))  # the dropped lane's write goes
@@ -730,9 +730,8 @@ def test_files_of_the_whole_lane_formats_are_removed_at_start_with_a_log_line(mo
 def test_the_stats_count_blocks_tokens_and_warm_lanes_per_tier(model, open_tier):
     tier = open_tier(model)
     cache = tiered(tier)
-    head = tokens(1, 300)
-    for instance in range(2):
-        serve(cache, model, head + tokens(10 + instance, 100))
+    for prompt in lanes_on_one_head(300, lanes=2):
+        serve(cache, model, prompt)
     assert tier.flush(timeout=60)
     stats = cache.stats()
     assert stats["entries"] == 2 and stats["disk_model_entries"] == 2  # warm lanes, per tier
