@@ -3,6 +3,8 @@ the diagnosis names for their breaks (`lanes.AGENTS`; bodies from `tests/fixture
 
 import copy
 
+import pytest
+
 from stable_prefix.addons import normalize
 from stable_prefix.addons.diagnosis import PrefixDiagnosis, PromptSnapshot
 from stable_prefix.addons.lanes import CLAUDE_CODE, CODEX, OPENCODE, PI, QWEN_CODE, LaneNames, agent_of, lane_signature, session_of
@@ -129,18 +131,30 @@ def test_with_pin_turn_reminders_off_the_break_names_its_option():
     assert result.cause == "turn reminder; pin_turn_reminders off"
 
 
-def test_with_relocate_conversation_context_off_a_date_change_names_its_option():
+# The agents that write the date into their first message: their request, their session's headers, and the next
+# day's date as each writes it.
+DATED_AGENTS = {
+    "opencode": (opencode_request, opencode_headers("ses_1"), "Wed Dec 02 2026"),
+    "pi": (pi_request, pi_headers("s-1"), "2026-12-02"),
+}
+
+
+@pytest.mark.parametrize("agent", list(DATED_AGENTS))
+def test_with_relocate_conversation_context_off_a_date_change_names_its_option(agent):
+    request, headers, next_day = DATED_AGENTS[agent]
     session = Session(Rules(relocate_conversation_context=False))
-    session.send(opencode_request(["Hi."]), opencode_headers("ses_1"))
-    result = session.send(opencode_request(["Hi.", "Go on."], date="Wed Dec 02 2026"), opencode_headers("ses_1"))
+    session.send(request(["Hi."]), headers)
+    result = session.send(request(["Hi.", "Go on."], date=next_day), headers)
     assert result.comparison.first_divergence.path == "messages[0].content"
     assert result.cause == "conversation context; relocate_conversation_context off"
 
 
-def test_an_opencode_conversation_continued_past_midnight_breaks_at_its_first_message_for_the_date():
+@pytest.mark.parametrize("agent", list(DATED_AGENTS))
+def test_a_conversation_continued_past_midnight_breaks_at_its_first_message_for_the_date(agent):
+    request, headers, next_day = DATED_AGENTS[agent]
     session = Session()
-    session.send(opencode_request(["Hi."]), opencode_headers("ses_1"))
-    result = session.send(opencode_request(["Hi.", "Go on."], date="Wed Dec 02 2026"), opencode_headers("ses_1"))
+    session.send(request(["Hi."]), headers)
+    result = session.send(request(["Hi.", "Go on."], date=next_day), headers)
     assert result.comparison.first_divergence.path.startswith("messages[1]") and result.cause == "environment"
 
 
@@ -163,18 +177,3 @@ def test_a_new_pi_session_is_a_new_conversation_that_parts_at_its_first_prompt()
     session.send(pi_request(["Hi.", "Go on."]), pi_headers("s-1"))
     result = session.send(pi_request(["Other work."]), pi_headers("s-2"))
     assert result.cause == "new conversation" and result.comparison.first_divergence.path.startswith("messages[1]")
-
-
-def test_a_pi_conversation_continued_the_next_day_breaks_at_its_first_message_for_the_date():
-    session = Session()
-    session.send(pi_request(["Hi."]), pi_headers("s-1"))
-    result = session.send(pi_request(["Hi.", "Go on."], date="2026-12-02"), pi_headers("s-1"))
-    assert result.comparison.first_divergence.path.startswith("messages[1]") and result.cause == "environment"
-
-
-def test_with_relocate_conversation_context_off_pis_working_directory_names_its_option():
-    session = Session(Rules(relocate_conversation_context=False))
-    session.send(pi_request(["Hi."]), pi_headers("s-1"))
-    result = session.send(pi_request(["Hi.", "Go on."], date="2026-12-02"), pi_headers("s-1"))
-    assert result.comparison.first_divergence.path == "messages[0].content"
-    assert result.cause == "conversation context; relocate_conversation_context off"
