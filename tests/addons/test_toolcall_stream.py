@@ -473,27 +473,21 @@ def test_a_streamed_reply_to_a_request_with_tools_gets_a_transforming_stream():
         assert "1 text tool call(s) turned into structured calls" in flow.comment and flow.marked
 
 
-def test_a_request_that_offered_no_tools_is_left_alone():
-    addon = toolcall_stream.ToolCallStream()
-    with taddons.context(addon):
-        flow = anthropic_flow(tools=())
-        addon.responseheaders(flow)
-        assert flow.response.stream is False
+# Streams the addon leaves alone: the flow (`anthropic_flow`'s arguments) and the addon's options.
+LEFT_ALONE = {
+    "a-request-that-offered-no-tools": ({"tools": ()}, {}),
+    "the-addon-switched-off": ({}, {"toolcall_stream": False}),
+    "a-compressed-stream": ({"headers": [("content-encoding", "gzip")]}, {}),
+}
 
 
-def test_the_addon_can_be_switched_off():
+@pytest.mark.parametrize(("flow_arguments", "options"), LEFT_ALONE.values(), ids=list(LEFT_ALONE))
+def test_a_stream_is_left_alone(flow_arguments, options):
     addon = toolcall_stream.ToolCallStream()
     with taddons.context(addon) as tctx:
-        tctx.configure(addon, toolcall_stream=False)
-        flow = anthropic_flow()
-        addon.responseheaders(flow)
-        assert flow.response.stream is False
-
-
-def test_a_compressed_stream_is_left_alone():
-    addon = toolcall_stream.ToolCallStream()
-    with taddons.context(addon):
-        flow = anthropic_flow(headers=[("content-encoding", "gzip")])
+        if options:
+            tctx.configure(addon, **options)
+        flow = anthropic_flow(**flow_arguments)
         addon.responseheaders(flow)
         assert flow.response.stream is False
 
