@@ -2,7 +2,8 @@
 
 The cache core (`TieredCache`: RAM with the disk tier under it, served request
 by request by a `PrefixPlanner`) knows no engine. Each engine attaches it at
-its own seams, in its own module:
+its own seams, one table each (`seams.py` in its folder, `vllm_mlx/seam_table.py`
+their mechanics):
 - `vllm_mlx/simple/`: SimpleEngine (one request at a time), at
   `mlx_lm.stream_generate`;
 - `vllm_mlx/batched/`: the continuous-batching scheduler (`--continuous-batching`),
@@ -32,10 +33,10 @@ from stable_prefix.engine_patch.defaults import DEFAULT_DRAFT, DEFAULT_ENGINE, D
 from stable_prefix.engine_patch.disk.disk_tier import DiskTier
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
 from stable_prefix.engine_patch.drafts.drafting import Drafting
-from stable_prefix.engine_patch.http_api import admission, http_endpoints, memory_stats
+from stable_prefix.engine_patch.http_api import admission, http_endpoints, memory_stats, tool_parser_stream
 from stable_prefix.engine_patch.vllm_mlx import detokenizer_map
 from stable_prefix.engine_patch.vllm_mlx.batched import seams as batched_seams
-from stable_prefix.engine_patch.vllm_mlx.simple import simple_engine
+from stable_prefix.engine_patch.vllm_mlx.simple import seams as simple_seams
 
 logger = logging.getLogger("engine_patch")
 
@@ -106,7 +107,7 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     planner = PrefixPlanner(cache)
     drafting = Drafting(draft, functools.partial(lane_token_ids, cache))
     if engine == "simple":
-        patched = simple_engine.install(planner, drafting)
+        patched = simple_seams.install(planner, drafting)
     else:
         patched = batched_seams.install(planner, drafting)
     if disk_tier is not None:
@@ -115,6 +116,7 @@ def install(budget_bytes: int, max_entries: int | None = None, disk: DiskOptions
     patched += detokenizer_map.install()
     installed = Installed(vllm_mlx.__version__, engine, cache, planner, drafting, patched)
     patched += http_endpoints.install(cache, installed.stats)
+    patched += tool_parser_stream.install()
 
     limit = f", at most {max_entries} entries" if max_entries else ""
     on_disk = f"; disk {format_bytes(disk.budget_bytes)} in {disk.directory}" if disk else "; no disk tier"
