@@ -67,23 +67,25 @@ def test_an_empty_cache_misses_and_counts_the_whole_prompt_as_prefilled(model):
     assert cache.stats()["tokens_prefilled"] == 20
 
 
-def test_a_prompt_that_extends_a_stored_one_reuses_all_of_it(model):
+def next_turn_fetched(model, stored_length: int, seed: int, new_length: int):
+    """A cache holding one prefilled turn of `stored_length` tokens, and the next turn (`new_length` more) fetched
+    from it: (the cache, the next turn, what the fetch returned)."""
     cache = RamTier(budget_bytes=10**9)
-    turn1 = tokens(1, 30)
+    turn1 = tokens(1, stored_length)
     cache.store(turn1, prefilled(model, turn1))
-    turn2 = turn1 + tokens(2, 10)
-    fetched = cache.fetch(model, turn2)
+    turn2 = turn1 + tokens(seed, new_length)
+    return cache, turn2, cache.fetch(model, turn2)
+
+
+def test_a_prompt_that_extends_a_stored_one_reuses_all_of_it(model):
+    cache, _, fetched = next_turn_fetched(model, 30, seed=2, new_length=10)
     assert fetched.reused == 30
     assert fetched.prompt_cache[0].offset == 30
     assert cache.stats()["tokens_prefilled"] == 10
 
 
 def test_restored_state_gives_the_same_logits_as_a_full_prefill(model):
-    cache = RamTier(budget_bytes=10**9)
-    turn1 = tokens(1, 40)
-    cache.store(turn1, prefilled(model, turn1))
-    turn2 = turn1 + tokens(3, 12)
-    fetched = cache.fetch(model, turn2)
+    _, turn2, fetched = next_turn_fetched(model, 40, seed=3, new_length=12)
     cached = last_logits(model, fetched.prompt_cache, turn2[fetched.reused :])
     full = last_logits(model, make_prompt_cache(model), turn2)
     np.testing.assert_allclose(cached, full, atol=1e-2)
