@@ -4,7 +4,7 @@ Measured with each real CLI (`bench/probes/agent_cuts.py` -> `MEASURED_IN`, the 
 whether it sends the request again, streamed or not, after the stream ended with the protocol's error
 event (the proxy's default) and after a silent cut. The facts are each agent's record's `resends`
 (`stable_prefix/agents/roster.py`), which the proxy's stream recovery reads too;
-`tests/bench/test_agent_clients.py` checks them against the committed measurement, so they change with it.
+`tests/bench/clients/test_agent_clients.py` checks them against the committed measurement, so they change with it.
 Every agent sends no request again on an error status (none measured: the routers retry a request refused
 before any answer, `stable_prefix/routers.py`).
 """

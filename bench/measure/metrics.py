@@ -2,7 +2,7 @@
 
 A row is one replayed request in one configuration (see `bench/README.md` for
 every field). The figures here are plain functions of rows so that
-`tests/bench/test_metrics.py` can check them on a hand-made trace:
+`tests/bench/measure/test_metrics.py` can check them on a hand-made trace:
 
 - **cold / warm**: the first request of each (lane, conversation) in the run is
   cold: nothing an engine could have cached belongs to it (a new lane, or the
