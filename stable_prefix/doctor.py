@@ -1,15 +1,13 @@
 """`stable-prefix doctor`: every client we pin against its registry's newest, and the engine installed here
 against the versions the patch is tested with.
 
-For each pin of `stable_prefix/pins.py`: the version `make test` runs, the newest the
-registry serves (`npm view`, `pip index versions`: `stable_prefix/registry.py`) and the
-Node each declares (`engines.node`). A registry that cannot be reached, or a
-client that is not installed, is said so on its row; no version is ever
-filled in. Then the vllm-mlx and mlx-lm installed in this Python, whether they
-are the ones the patch is run against (`engine_patch/install.py`'s
-`TESTED_VERSIONS`, pins.py's mlx-lm), and the Python each requires. `make
-check-clients` runs it. The exit status is 0 when it could print its table,
-whatever the table says: a newer release is news, not a failure.
+For each agent's pin (its record's, listed in `stable_prefix/agents/roster.py`) and each router's
+(`stable_prefix/pins.py`): the version `make test` runs, the newest the registry serves (`npm view`, `pip index
+versions`: `stable_prefix/registry.py`) and the Node each declares (`engines.node`). A registry that cannot be
+reached, or a client that is not installed, is said so on its row; no version is ever filled in. Then the vllm-mlx
+and mlx-lm installed in this Python, whether they are the ones the patch is run against (`engine_patch/install.py`'s
+`TESTED_VERSIONS`, pins.py's mlx-lm), and the Python each requires. `make check-clients` runs it. The exit status is
+0 when it could print its table, whatever the table says: a newer release is news, not a failure.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 
 from stable_prefix import pins, registry
+from stable_prefix.agents.roster import AGENTS
 from stable_prefix.pins import Pin
 from stable_prefix.registry import Lookup
 
@@ -64,11 +63,17 @@ def node_requirement(pinned: Lookup, newest: Lookup) -> str:
     return one(pinned) if (pinned.version, pinned.node) == (newest.version, newest.node) else f"{one(pinned)}; {one(newest)}"
 
 
+def agent_pins() -> tuple[Pin, ...]:
+    """Every agent's pin, in the roster's order: each record carries its own, so a new agent needs no row elsewhere."""
+    return tuple(agent.pin for agent in AGENTS)
+
+
 def agent_rows() -> list[tuple[str, ...]]:
-    with ThreadPoolExecutor(max_workers=len(pins.AGENT_PINS)) as pool:
-        answers = list(pool.map(lookups, pins.AGENT_PINS))
+    checked = agent_pins()
+    with ThreadPoolExecutor(max_workers=len(checked)) as pool:
+        answers = list(pool.map(lookups, checked))
     return [(pin.name, pin.package, pin.version, newest.version or "unknown", node_requirement(pinned, newest),
-             verdict(pin, pinned, newest)) for pin, (pinned, newest) in zip(pins.AGENT_PINS, answers, strict=True)]
+             verdict(pin, pinned, newest)) for pin, (pinned, newest) in zip(checked, answers, strict=True)]
 
 
 def tested_engine_versions() -> tuple[tuple[str, ...] | None, str]:

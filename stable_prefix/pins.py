@@ -1,12 +1,11 @@
-"""Every third-party client the project pins, in one table: which registry serves it, the version run
-in `make test`, and why that one.
+"""What a pinned third-party package is (`Pin`: which registry serves it, the version run in `make test`, and why that
+one), and the pins that belong to no coding agent: the engine's and the routers'.
 
-The installers (`claude_code.py`, `claude_code_router.py`, `opencode.py`,
-`qwen_code.py`, `codex_cli.py`, `pi.py`, `claude_agent_sdk.py`) take their
-package and version from here; `stable-prefix doctor` (`stable_prefix/doctor.py`)
-sets each against the registry's newest. The engine's versions are the engine
-patch's own (`ENGINE_PINS`: what `engine_patch/install.py` accepts, what
-pyproject's `engine` extra and the Makefile install); a test checks that they agree.
+An agent's pin is its own record's (`CodingAgent.pin`, defined in its module under `stable_prefix/agents/`, listed in
+`roster.py`): adding an agent adds no row here. `stable-prefix doctor` (`stable_prefix/doctor.py`) sets the roster's
+pins and the routers' against the registry's newest. The engine's versions are the engine patch's own
+(`ENGINE_PINS`: what `engine_patch/install.py` accepts, what pyproject's `engine` extra and the Makefile install); a
+test checks that they agree.
 """
 
 from __future__ import annotations
@@ -22,18 +21,6 @@ class Pin:
     version: str  # the version `make test` installs and runs
     note: str = ""  # why this version, when it is not simply the newest we ran
 
-
-CLAUDE_CODE = Pin("Claude Code", "npm", "@anthropic-ai/claude-code", "2.1.332")
-CLAUDE_CODE_ROUTER = Pin("claude-code-router", "npm", "@musistudio/claude-code-router", "2.0.0",
-                         "3.x cannot be installed here: its dependencies @the-next-ai/ai-gateway and "
-                         "@the-next-ai/bot-gateway-sdk are not on the registry (404); 3.x is documented in docs/launcher.md")
-OPENCODE = Pin("opencode", "npm", "opencode-ai", "1.18.33")
-QWEN_CODE = Pin("Qwen Code", "npm", "@qwen-code/qwen-code", "0.24.4")
-CODEX_CLI = Pin("Codex CLI", "npm", "@openai/codex", "0.171.0")
-PI = Pin("Pi", "npm", "@mariozechner/pi-coding-agent", "0.73.1")
-CLAUDE_AGENT_SDK = Pin("Claude Agent SDK", "npm", "@anthropic-ai/claude-agent-sdk", "0.3.333",
-                       "drives the pinned Claude Code binary (pathToClaudeCodeExecutable)")
-AGENT_PINS = (CLAUDE_CODE, CLAUDE_CODE_ROUTER, OPENCODE, QWEN_CODE, CODEX_CLI, PI, CLAUDE_AGENT_SDK)
 
 # The engine `make test` installs and runs the patch against (the Makefile, requirements.txt and pyproject's
 # `engine` extra install these); which vllm-mlx releases the patch accepts is engine_patch/install.py's

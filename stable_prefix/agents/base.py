@@ -1,12 +1,12 @@
 """What every coding agent is: one record (`CodingAgent`), the same fields for all, as `addons/rules/base.py` is for the
 proxy's rules.
 
-An agent's module defines its record, `AGENT`, beside the code the record names (its install, its launcher, its
-driver); `stable_prefix/agents/roster.py` lists the records, and everything that treats agents alike reads them there:
-the `stable-prefix <agent>` commands (`stable_prefix/cli.py`), the bench's clients (`bench/clients/cli_agents.py`,
-`agent_clients.py`), the tests' install fixtures (`tests/conftest.py`) and the proxy's lanes (`addons/lanes.py`, which
-reads `lanes`: nothing here may import more than the standard library and the CLI's own light modules, since the proxy
-imports it).
+An agent's module defines its record, `AGENT`, beside the code the record names (its pin, `PIN`, its install, its
+launcher, its driver); `stable_prefix/agents/roster.py` lists the records, and everything that treats agents alike
+reads them there: `stable-prefix doctor`, the `stable-prefix <agent>` commands (`stable_prefix/cli.py`), the bench's
+clients (`bench/clients/cli_agents.py`, `agent_clients.py`), the tests' install fixtures (`tests/conftest.py`) and the
+proxy's lanes (`addons/lanes.py`, which reads `lanes`: nothing here may import more than the standard library and the
+CLI's own light modules, since the proxy imports it).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ REQUEST_TIMEOUT_MS = 30 * 60 * 1000
 @dataclass(frozen=True)
 class Resends:
     """What an agent does when the stream it reads is cut, measured with its real CLI (`bench/probes/agent_cuts.py`,
-    the proxy's own recovery off; `tests/bench/test_agent_clients.py` checks these against the committed run): how it
+    the proxy's own recovery off; `tests/bench/clients/test_agent_clients.py` checks these against the committed run): how it
     sends the request again, STREAMED, NOT_STREAMED or None (it does not: the turn is lost), after the stream ended
     with the protocol's error event (the proxy's default) and after a silent cut. No agent sends a request again on
     an error status (none measured: the routers retry a request refused before any answer)."""
@@ -98,7 +98,7 @@ class CodingAgent:
     requests name their lanes."""
 
     key: str  # its command (`stable-prefix <key>`) and its name in the bench and the tests
-    pin: Pin  # its package and pinned version (`stable_prefix/pins.py`, the doctor's one table)
+    pin: Pin  # its package and pinned version, defined in its module and nowhere else (the doctor reads it here)
     protocol: str  # ANTHROPIC, OPENAI_CHAT or RESPONSES
     install: Callable[[], Path]  # the pinned install, idempotent: the binary (or entry) it runs
     fixture: str  # the tests' session fixture that installs it (`tests/conftest.py` makes one per record)

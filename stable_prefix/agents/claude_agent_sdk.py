@@ -23,14 +23,17 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix import pins
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.base import ANTHROPIC, CodingAgent
 from stable_prefix.agents.claude_code import ClaudeCode
 from stable_prefix.agents.npm_package import AgentUnavailable
+from stable_prefix.pins import Pin
 
-PACKAGE = pins.CLAUDE_AGENT_SDK.package
-VERSION = pins.CLAUDE_AGENT_SDK.version
+# Its package and pinned version (`stable-prefix doctor` sets it against npm's newest).
+PIN = Pin("Claude Agent SDK", "npm", "@anthropic-ai/claude-agent-sdk", "0.3.333",
+          "drives the pinned Claude Code binary (pathToClaudeCodeExecutable)")
+PACKAGE = PIN.package
+VERSION = PIN.version
 DEFAULT_DIR = npm_package.INSTALL_ROOT / "agent-sdk"
 TURNS_SCRIPT = Path(__file__).with_name("claude_agent_sdk_turns.mjs")
 
@@ -70,7 +73,7 @@ class AgentSdk:
 
 # A program of the user's own calls `query()`, with the environment `stable-prefix claude` sets as `options.env`; the
 # requests are Claude Code's.
-AGENT = CodingAgent("agent-sdk", pins.CLAUDE_AGENT_SDK, ANTHROPIC, install, fixture="agent_sdk_entry",
+AGENT = CodingAgent("agent-sdk", PIN, ANTHROPIC, install, fixture="agent_sdk_entry",
                     launched_by="a program calling `query()`, with the environment `stable-prefix claude` sets as `options.env`")
 
 

@@ -32,15 +32,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix import pins
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.base import ANTHROPIC, NOT_STREAMED, REQUEST_TIMEOUT_MS, STREAMED, CodingAgent, LaneFacts, Launcher, Resends, Turn
 from stable_prefix.agents.npm_package import AgentUnavailable, is_native_executable
 from stable_prefix.agents.scratch_project import Sandbox
+from stable_prefix.pins import Pin
 
-CLI_PACKAGE = pins.CLAUDE_CODE.package
-# Pinned: the request shapes (tools, system blocks, side requests) change between releases.
-CLI_VERSION = pins.CLAUDE_CODE.version
+# Pinned (`stable-prefix doctor` sets it against npm's newest): the request shapes (tools, system blocks, side requests) change between releases.
+PIN = Pin("Claude Code", "npm", "@anthropic-ai/claude-code", "2.1.332")
+CLI_PACKAGE = PIN.package
+CLI_VERSION = PIN.version
 DEFAULT_CLI_DIR = npm_package.INSTALL_ROOT
 # Any key works offline; Claude Code remembers approval by the key's last 20 characters.
 DUMMY_API_KEY = "sk-ant-api03-offline-e2e-0000000000000000000000000000"
@@ -283,7 +284,7 @@ def conversation(binary: Path, root: Path, base_url: str, model: str, max_output
 
 
 AGENT = CodingAgent(
-    "claude", pins.CLAUDE_CODE, ANTHROPIC, install, fixture="claude_binary",
+    "claude", PIN, ANTHROPIC, install, fixture="claude_binary",
     launcher=Launcher("claude", user_binary, LAUNCH_HELP, removed=CREDENTIAL_VARIABLES,
                       environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"])),
     conversation=conversation,

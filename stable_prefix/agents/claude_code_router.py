@@ -30,13 +30,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stable_prefix import pins
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.base import OPENAI_CHAT, REQUEST_TIMEOUT_MS, CodingAgent
 from stable_prefix.agents.claude_code import ClaudeCodeUnavailable
+from stable_prefix.pins import Pin
 
-ROUTER_PACKAGE = pins.CLAUDE_CODE_ROUTER.package
-ROUTER_VERSION = pins.CLAUDE_CODE_ROUTER.version  # 3.x: see pins.py
+# Its package and pinned version (`stable-prefix doctor` sets it against npm's newest).
+PIN = Pin("claude-code-router", "npm", "@musistudio/claude-code-router", "2.0.0",
+          "3.x cannot be installed here: its dependencies @the-next-ai/ai-gateway and "
+          "@the-next-ai/bot-gateway-sdk are not on the registry (404); 3.x is documented in docs/launcher.md")
+ROUTER_PACKAGE = PIN.package
+ROUTER_VERSION = PIN.version
 DEFAULT_ROUTER_DIR = npm_package.INSTALL_ROOT / "router"
 PROVIDER_NAME = "stable-prefix"
 DEFAULT_ROUTER_PORT = 3456
@@ -163,7 +167,7 @@ class Router:
 
 # Claude Code speaks Anthropic to it, it speaks OpenAI chat completions to the stack, Claude Code's requests translated
 # (the proxy's lanes read them as Claude Code's). The user runs `ccr code` with the config `stable-prefix up` prints.
-AGENT = CodingAgent("ccr", pins.CLAUDE_CODE_ROUTER, OPENAI_CHAT, install, fixture="router_cli",
+AGENT = CodingAgent("ccr", PIN, OPENAI_CHAT, install, fixture="router_cli",
                     launched_by="`ccr code`, with the ~/.claude-code-router/config.json `stable-prefix up` prints")
 
 

@@ -32,17 +32,18 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from stable_prefix import pins
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.base import REQUEST_TIMEOUT_MS, RESPONSES, STREAMED, CodingAgent, LaneFacts, Launcher, Resends
 from stable_prefix.agents.base import Turn as CliTurn
 from stable_prefix.agents.npm_package import AgentUnavailable, is_native_executable
 from stable_prefix.agents.scratch_project import Sandbox
+from stable_prefix.pins import Pin
 from stable_prefix.servers import REPO_ROOT
 
-CLI_PACKAGE = pins.CODEX_CLI.package
-# Pinned: the request shapes (developer messages, tools, item ids) change between releases.
-CLI_VERSION = pins.CODEX_CLI.version
+# Pinned (`stable-prefix doctor` sets it against npm's newest): the request shapes (developer messages, tools, item ids) change between releases.
+PIN = Pin("Codex CLI", "npm", "@openai/codex", "0.171.0")
+CLI_PACKAGE = PIN.package
+CLI_VERSION = PIN.version
 DEFAULT_CLI_DIR = REPO_ROOT / ".codex-cli"
 PROVIDER_ID = "stable-prefix"
 # npm's platform packages, by (system, machine).
@@ -242,7 +243,7 @@ def conversation(binary: Path, root: Path, base_url: str, model: str, max_output
 # carries `session-id`; no subagents reach a self-hosted server (its agents are a `namespace` tool, which vllm-mlx
 # does not convert).
 AGENT = CodingAgent(
-    "codex", pins.CODEX_CLI, RESPONSES, install, fixture="codex_binary",
+    "codex", PIN, RESPONSES, install, fixture="codex_binary",
     launcher=Launcher("codex", user_binary, LAUNCH_HELP, arguments_for=lambda state, port: stack_options(state)),
     conversation=conversation,
     resends=Resends(after_error_event=STREAMED, after_silent_cut=STREAMED),

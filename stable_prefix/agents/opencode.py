@@ -22,15 +22,16 @@ import json
 import sys
 from pathlib import Path
 
-from stable_prefix import pins
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.base import OPENAI_CHAT, STREAMED, CodingAgent, LaneFacts, Launcher, Resends
 from stable_prefix.agents.driver import AgentDriver
 from stable_prefix.agents.npm_package import is_native_executable
+from stable_prefix.pins import Pin
 
-PACKAGE = pins.OPENCODE.package
-# Pinned: where its date line and reminders sit changes between releases (docs/agents.md).
-VERSION = pins.OPENCODE.version
+# Pinned (`stable-prefix doctor` sets it against npm's newest): where its date line and reminders sit changes between releases (docs/agents.md).
+PIN = Pin("opencode", "npm", "opencode-ai", "1.18.33")
+PACKAGE = PIN.package
+VERSION = PIN.version
 DEFAULT_DIR = npm_package.INSTALL_ROOT / "opencode"
 PROVIDER = "stable-prefix"
 # Any value: the engine checks no key; opencode sends it as `Authorization: Bearer`.
@@ -125,7 +126,7 @@ sessions and settings are used otherwise.
 # Subagents start with `task`; every request carries `x-session-id`, a subagent's the child session's, with
 # `x-parent-session-id`.
 AGENT = CodingAgent(
-    "opencode", pins.OPENCODE, OPENAI_CHAT, install, fixture="opencode_binary",
+    "opencode", PIN, OPENAI_CHAT, install, fixture="opencode_binary",
     launcher=Launcher("opencode", user_binary, LAUNCH_HELP,
                       environment_for=lambda state, port: stack_environment(state["url"], state["model"], state["max_tokens"])),
     conversation=OpenCode.conversation,

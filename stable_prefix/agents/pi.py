@@ -25,17 +25,18 @@ import json
 import shutil
 from pathlib import Path
 
-from stable_prefix import pins
 from stable_prefix.addons.capture_folder import write_private
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.base import OPENAI_CHAT, STREAMED, CodingAgent, LaneFacts, Launcher, Resends
 from stable_prefix.agents.driver import AgentDriver
 from stable_prefix.agents.npm_package import AgentUnavailable
+from stable_prefix.pins import Pin
 from stable_prefix.stack_state import stack_state_path
 
-PACKAGE = pins.PI.package
-# Pinned: what its system prompt holds (date, working directory) and where changes between releases.
-VERSION = pins.PI.version
+# Pinned (`stable-prefix doctor` sets it against npm's newest): what its system prompt holds (date, working directory) and where changes between releases.
+PIN = Pin("Pi", "npm", "@mariozechner/pi-coding-agent", "0.73.1")
+PACKAGE = PIN.package
+VERSION = PIN.version
 DEFAULT_DIR = npm_package.INSTALL_ROOT / "pi"
 PROVIDER = "stable-prefix"
 # Any value: the engine checks no key; Pi sends it as `Authorization: Bearer`.
@@ -143,7 +144,7 @@ def launch_arguments(state: dict, port: int) -> list[str]:
 # Its User-Agent is any OpenAI JS SDK client's, so the `session_id` header (its session, with the provider we
 # register) must be there too; it starts no subagents, and loses the turn to an error event.
 AGENT = CodingAgent(
-    "pi", pins.PI, OPENAI_CHAT, install, fixture="pi_cli",
+    "pi", PIN, OPENAI_CHAT, install, fixture="pi_cli",
     launcher=Launcher("pi", user_binary, LAUNCH_HELP, environment_for=lambda state, port: dict(OFFLINE_ENVIRONMENT),
                       arguments_for=launch_arguments),
     conversation=Pi.conversation,

@@ -25,17 +25,18 @@ import shutil
 import stat
 from pathlib import Path
 
-from stable_prefix import pins
 from stable_prefix.addons.capture_folder import write_private
 from stable_prefix.agents import npm_package
 from stable_prefix.agents.base import OPENAI_CHAT, STREAMED, CodingAgent, LaneFacts, Launcher, Resends
 from stable_prefix.agents.driver import AgentDriver
 from stable_prefix.agents.npm_package import AgentUnavailable
+from stable_prefix.pins import Pin
 from stable_prefix.stack_state import stack_state_path
 
-PACKAGE = pins.QWEN_CODE.package
-# Pinned: its prompt layout (git snapshot, memory section, date reminder) changes between releases.
-VERSION = pins.QWEN_CODE.version
+# Pinned (`stable-prefix doctor` sets it against npm's newest): its prompt layout (git snapshot, memory section, date reminder) changes between releases.
+PIN = Pin("Qwen Code", "npm", "@qwen-code/qwen-code", "0.24.4")
+PACKAGE = PIN.package
+VERSION = PIN.version
 DEFAULT_DIR = npm_package.INSTALL_ROOT / "qwen-code"
 API_KEY = "local-model"
 # The ripgrep it ships comes without its executable bit; without it Qwen Code says so and greps in JavaScript.
@@ -140,7 +141,7 @@ def launch_environment(state: dict, port: int) -> dict[str, str]:
 # It loses the turn to an error event and sends the request again only after a silent cut (mid-reply it sends the
 # partial answer back to go on: a bench client sends the request again, streamed, in its place).
 AGENT = CodingAgent(
-    "qwen", pins.QWEN_CODE, OPENAI_CHAT, install, fixture="qwen_cli",
+    "qwen", PIN, OPENAI_CHAT, install, fixture="qwen_cli",
     launcher=Launcher("qwen", user_binary, LAUNCH_HELP, environment_for=launch_environment),
     conversation=QwenCode.conversation,
     resends=Resends(after_error_event=None, after_silent_cut=STREAMED),

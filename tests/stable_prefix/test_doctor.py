@@ -20,10 +20,12 @@ from collections.abc import Iterator
 import pytest
 
 from stable_prefix import pins
+from stable_prefix.agents.roster import AGENTS
 from tests.support.processes import LOOPBACK, REPO_ROOT, VENV_BIN, free_port
 
 NEWER = "99.0.0"
 NODE_OF_NEWER = ">=24"
+AGENT_PINS = tuple(agent.pin for agent in AGENTS)  # each record carries its own
 
 
 def npm_document(pin: pins.Pin) -> dict:
@@ -43,7 +45,7 @@ def simple_index(pin: pins.Pin) -> str:
 class Registry(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urllib.parse.unquote(self.path.split("?")[0]).rstrip("/")
-        npm = {f"/{pin.package}": pin for pin in pins.AGENT_PINS}
+        npm = {f"/{pin.package}": pin for pin in AGENT_PINS}
         pypi = {f"/simple/{pin.package}": pin for pin in pins.ENGINE_PINS}
         if path in npm:
             self.answer(json.dumps(npm_document(npm[path])), "application/json")
@@ -99,7 +101,7 @@ def cells(output: str, name: str) -> list[str]:
 
 
 def test_each_pinned_client_is_shown_against_the_registrys_newest_with_the_node_each_declares(online):
-    for pin in pins.AGENT_PINS:
+    for pin in AGENT_PINS:
         name, package, pinned, newest, node, verdict = cells(online, pin.name)
         assert (package, pinned, newest, node) == (pin.package, pin.version, NEWER, f">=20; {NODE_OF_NEWER}")
         assert verdict.startswith(f"{NEWER} is newer")
@@ -113,7 +115,7 @@ def test_the_installed_engine_is_named_tested_and_the_registrys_newest_shown(onl
 
 def test_with_no_registry_reachable_every_row_says_so_and_no_version_is_made_up(tmp_path):
     output = doctor(f"http://{LOOPBACK}:{free_port()}", tmp_path).stdout  # nobody listens there
-    for pin in pins.AGENT_PINS:
+    for pin in AGENT_PINS:
         assert cells(output, pin.name)[2:] == [pin.version, "unknown", "unknown", "registry not reachable (ECONNREFUSED)"]
     for pin in pins.ENGINE_PINS:
         assert cells(output, pin.name)[3] == "registry not reachable (pip could not connect to its index)"

@@ -1,13 +1,15 @@
 """Adding an agent is one module and one line: every record is in the roster, and the CLI, the bench, the tests'
-fixtures and the proxy's lanes are made from it (read from the source and the objects; nothing is installed)."""
+fixtures, the proxy's lanes and the doctor's pins are made from it (read from the source and the objects; nothing is
+installed)."""
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pytest
 
-from stable_prefix import cli, pins, stack
+from stable_prefix import cli, doctor, stack
 from stable_prefix.addons import lanes
 from stable_prefix.agents import base
 from stable_prefix.agents.roster import AGENTS
@@ -44,8 +46,21 @@ def test_every_record_names_its_protocol_and_one_of_its_launcher_or_how_it_is_la
         assert (agent.launcher is None) == bool(agent.launched_by), agent.key
 
 
-def test_the_records_pins_are_the_doctors_agent_pins():
-    assert {agent.pin for agent in AGENTS} == set(pins.AGENT_PINS)
+def test_the_doctor_checks_every_records_pin_in_the_rosters_order():
+    assert doctor.agent_pins() == tuple(agent.pin for agent in AGENTS)
+
+
+# Where a second table of agents would be: the project's code and the Makefile (not the tests).
+PROJECT_SOURCES = [path for folder in ("stable_prefix", "addons", "bench", "tools", "engine_patch")
+                   for path in sorted((REPO_ROOT / folder).rglob("*.py"))] + [REPO_ROOT / "Makefile"]
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=lambda agent: agent.key)
+def test_an_agents_package_is_named_in_its_own_module_and_nowhere_else(agent):
+    # Its pin is its record's: no table beside the roster (pins.py, the doctor, the Makefile) names it again.
+    quoted = re.compile(rf"""["']{re.escape(agent.pin.package)}["']""")
+    naming = {str(path) for path in PROJECT_SOURCES if quoted.search(path.read_text())}
+    assert naming == {inspect.getsourcefile(agent.install)}
 
 
 @pytest.mark.parametrize("agent", [agent for agent in AGENTS if agent.launcher], ids=lambda agent: agent.key)
