@@ -4,7 +4,7 @@ a team's proxy before smg turns it on).
 
 Only what vllm-mlx 0.6.0 ignores anyway is dropped: its pydantic request
 models read no other field (`STRICT_ROUTER_MESSAGE_FIELDS`,
-`ENGINE_RESPONSES_FIELDS`; `tests/test_strict_router_body.py` checks them
+`ENGINE_RESPONSES_FIELDS`; `tests/stable_prefix/routers/test_strict_router_body.py` checks them
 against the models). On the Responses path smg sets `temperature: 1.0` on a
 request without one, where the engine would sample at its own default: the
 rule writes that default (`ENGINE_DEFAULT_TEMPERATURE`) so the router changes

