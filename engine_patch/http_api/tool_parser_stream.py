@@ -78,6 +78,8 @@ class ReleasingToolParser:
         self._released_to = 0
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_parser":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self._parser, name)
 
     def reset(self) -> None:

@@ -35,13 +35,10 @@ TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read 
 
 
 def body(prompt: str, **changes) -> dict:
-    # tool_choice "none": with tools and any other choice, vllm-mlx 0.6.0 streams through its auto tool parser, which
-    # withholds every delta from the first one after which the text holds both "<" and "[" (a tool call may be starting)
-    # and never sends them when none follows; the random model writes both early, so the client saw 146 of a 655-character
-    # answer, how much depending on how tokens were grouped into deltas (drafts, a lagging stream), not on the tokens.
+    # With tools the engine streams through vllm-mlx's auto tool parser, which withheld the text after a "<" and a "["
+    # until `http_api/tool_parser_stream.py`; the random model writes both early, so these texts test that seam too.
     return {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}], "tools": TOOLS,
-            "tool_choice": "none", "temperature": 0, "max_tokens": 120, "stream": True, "stream_options": {"include_usage": True},
-            **changes}
+            "temperature": 0, "max_tokens": 120, "stream": True, "stream_options": {"include_usage": True}, **changes}
 
 
 def test_a_followed_stream_passes_whole_events_and_never_an_empty_chunk():
