@@ -1,16 +1,25 @@
 """The auto tool parser's stream through our seam (`http_api/tool_parser_stream.py`), fed the way vllm-mlx's server
-feeds it (`_extract_streaming_tool_delta` each delta, `_finalize_streaming_tool_result` on the last): the content it
-lets out, concatenated, is the text; a real call still comes out as a call."""
+feeds it (`_extract_streaming_tool_delta` each delta, `_finalize_streaming_tool_result` on the last), and vllm-mlx's
+own chat stream (`server.stream_chat_completion`) over scripted text with the seam installed: the content let out,
+concatenated, is the text; a real call still comes out as a call. (The tiny models never write a call: the server
+test, `test_tool_parser_stream_server.py`, proves the prose through the real patched server.)"""
 
 from __future__ import annotations
+
+import asyncio
+import json
 
 import pytest
 
 pytest.importorskip("vllm_mlx")
 
 from vllm_mlx import server  # noqa: E402
+from vllm_mlx.api.models import ChatCompletionRequest  # noqa: E402
+from vllm_mlx.api.tool_calling import parse_tool_calls  # noqa: E402
+from vllm_mlx.engine.base import GenerationOutput  # noqa: E402
 from vllm_mlx.tool_parsers.auto_tool_parser import AutoToolParser  # noqa: E402
 
+from stable_prefix.engine_patch.http_api import tool_parser_stream  # noqa: E402
 from stable_prefix.engine_patch.http_api.tool_parser_stream import ReleasingToolParser, call_opening_at  # noqa: E402
 
 PROSE = "Compare a < b first, then read arr[0] and print it. Done."
@@ -89,3 +98,55 @@ def test_the_wrapped_parser_s_flags_are_what_vllm_mlx_reads():
     parser = releasing()
     assert server._requires_eager_tool_streaming(parser)
     assert not server._parser_drops_text_after_tool_call(parser)
+
+
+class ScriptedText:
+    """What vllm-mlx's stream loop reads of an engine: `stream_chat`'s outputs, one a delta, the last finished."""
+
+    model_name = "scripted"
+    tokenizer = None
+
+    def __init__(self, deltas: list[str]):
+        self.deltas = deltas
+
+    async def stream_chat(self, messages, **kwargs):
+        for number, delta in enumerate(self.deltas, start=1):
+            last = number == len(self.deltas)
+            yield GenerationOutput(text="".join(self.deltas[:number]), new_text=delta, prompt_tokens=5, completion_tokens=number,
+                                   finished=last, finish_reason="stop" if last else None)
+
+
+@pytest.fixture
+def seam_installed(monkeypatch):
+    monkeypatch.setattr(server, "_get_streaming_tool_parser", server._get_streaming_tool_parser)  # restored after the test
+    assert tool_parser_stream.install() == [tool_parser_stream.PATCHED]
+
+
+def chat_stream(deltas: list[str]) -> tuple[str, list[dict]]:
+    request = ChatCompletionRequest(model="tiny", messages=[{"role": "user", "content": "Hi"}], stream=True,
+                                    tools=[{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}])
+
+    async def collect() -> list[str]:
+        return [event async for event in server.stream_chat_completion(ScriptedText(deltas), [], request)]
+
+    content, calls = "", []
+    for event in asyncio.run(collect()):
+        data = event.removeprefix("data: ").strip()
+        if data == "[DONE]":
+            continue
+        for choice in json.loads(data)["choices"]:
+            content += choice["delta"].get("content") or ""
+            calls += choice["delta"].get("tool_calls") or []
+    return content, calls
+
+
+def test_vllm_mlx_s_chat_stream_with_the_seam_sends_the_whole_prose(seam_installed):
+    assert chat_stream(list(PROSE)) == (PROSE, [])
+
+
+def test_vllm_mlx_s_chat_stream_with_the_seam_sends_the_prose_a_call_and_the_prose_after_it(seam_installed):
+    deltas = ["See a < b, x[0]. ", "<tool_call>", '{"name": "read", ', '"arguments": {"path": "a.py"}}', "</tool_call>", " Then", " more."]
+    content, calls = chat_stream(deltas)
+    whole_text, whole_calls = parse_tool_calls("".join(deltas), {"tools": []})  # what the answer not streamed parses
+    assert content == whole_text == "See a < b, x[0].  Then more." and len(whole_calls) == 1
+    assert [(call["function"]["name"], json.loads(call["function"]["arguments"])) for call in calls] == [("read", {"path": "a.py"})]
