@@ -13,10 +13,11 @@ from transformers import AutoTokenizer
 
 from stable_prefix.engine_patch.__main__ import engine_mode, parse_size
 from stable_prefix.engine_patch.cache.ram_tier import RamTier
+from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 from stable_prefix.engine_patch.install import DEFAULT_ENGINE, install, why_unsupported
-from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
-from stable_prefix.engine_patch.vllm_mlx.simple.simple_engine import _defer_builtin_prefix_cache
+from stable_prefix.engine_patch.vllm_mlx.seam_table import take_out
+from stable_prefix.engine_patch.vllm_mlx.simple.seams import SimpleEngineSeams
 from tests.support.llm_client import send
 from tests.support.models import require_model
 from tests.support.processes import REPO_ROOT, free_port, http_ok, running
@@ -114,13 +115,12 @@ class ModelWithPlainCache:
 
 
 @pytest.fixture
-def deferred(monkeypatch):
-    """The system-prefix seam installed on a CachedGeneration; every patched attribute restored afterwards."""
+def deferred():
+    """SimpleEngine's seams installed (its system-prefix ones among them); every patched attribute put back afterwards."""
     from vllm_mlx.engine import simple
 
-    monkeypatch.setattr(simple, "build_system_prompt_cache_prefix", simple.build_system_prompt_cache_prefix)
-    monkeypatch.setattr(simple.SimpleEngine, "_probe_system_kv_cache_support", simple.SimpleEngine.__dict__["_probe_system_kv_cache_support"])
-    _defer_builtin_prefix_cache(CachedGeneration(mlx_lm.stream_generate, RamTier(budget_bytes=2**20)), Drafting("off"))
+    seams = SimpleEngineSeams(PrefixPlanner(RamTier(budget_bytes=2**20)), Drafting("off"))
+    seams.install()
     tokenizer = AutoTokenizer.from_pretrained(str(require_model()))
     messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Hello"}]
     template_kwargs = {"tokenize": False, "add_generation_prompt": True}
@@ -128,7 +128,8 @@ def deferred(monkeypatch):
     def system_prefix():
         return simple.build_system_prompt_cache_prefix(tokenizer, messages, template_kwargs=template_kwargs)
 
-    return simple.SimpleEngine, system_prefix
+    yield simple.SimpleEngine, system_prefix
+    take_out(seams.patches)
 
 
 def test_a_model_our_cache_cannot_serve_keeps_vllm_mlxs_own_system_prefix_cache(deferred):

@@ -27,6 +27,7 @@ from stable_prefix.engine_patch.cache.request_reuse import RequestReuse, current
 from stable_prefix.engine_patch.cache.shared_prefill import Prefill, SharedPrefills, source_for
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 
+from ..seam_table import Seam, put_on_objects
 from . import batch_generator_access
 from .drafted_decode import DraftedBatches
 
@@ -61,14 +62,16 @@ def why_not_served(planner: PrefixPlanner, model: Any, config: Any) -> str | Non
 class ServedScheduler:
     """Our cache in one `Scheduler`: its plans, its prefills in flight, its BatchGenerator's seams."""
 
-    def __init__(self, scheduler: Any, planner: PrefixPlanner, contexts: dict[str, contextvars.Context], drafting: Drafting | None = None):
+    def __init__(self, scheduler: Any, planner: PrefixPlanner, contexts: dict[str, contextvars.Context], drafting: Drafting | None = None,
+                 generator_rows: tuple[Seam, ...] = ()):
         self.scheduler = scheduler
         self.planner = planner
         self.contexts = contexts
         self.prefills = SharedPrefills()
         self.generator: Any = None
         self.segments_supported = True
-        self.drafted = DraftedBatches(drafting, scheduler.model, scheduler._actual_tokenizer) if drafting is not None else None
+        self.drafted = DraftedBatches(drafting, scheduler.model, scheduler._actual_tokenizer, full_prompt) if drafting is not None else None
+        self.generator_rows = generator_rows  # seams.py's rows put on each generator this scheduler builds
 
     @property
     def model(self) -> Any:
@@ -184,8 +187,8 @@ class ServedScheduler:
     # --- the BatchGenerator ----------------------------------------------------
 
     def attach(self, generator: Any) -> None:
-        """Route `generator`'s inserts and steps through this scheduler's plans: the EACH_GENERATOR rows of
-        seams.py's table, put in in its order (drafting's insert around ours)."""
+        """Route `generator`'s inserts and steps through this scheduler's plans and drafting: seams.py's rows run by
+        ServedScheduler and DraftedBatches, put on it in the table's order (drafting's insert around ours)."""
         self.generator = generator
         self.prefills.clear()
         reason = batch_generator_access.why_unsupported(generator)
@@ -193,10 +196,9 @@ class ServedScheduler:
         if reason:
             logger.warning("engine_patch: %s; the batched engine takes no checkpoints and shares no prefill", reason)
             return
-        generator.insert = functools.partial(self._insert, generator.insert)
-        generator.next = functools.partial(self._next, generator.next)
         if self.drafted is not None:
-            self.drafted.attach(generator, full_prompt)
+            self.drafted.attach(generator)
+        put_on_objects(self.generator_rows, (generator, generator._generation_batch), runners={ServedScheduler: self, DraftedBatches: self.drafted})
 
     def _insert(self, original_insert, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
                 logits_processors=None, state_machines=None):

@@ -34,8 +34,8 @@ reported, which the prefix cache stores exactly (it keeps what the cache holds).
 
 from __future__ import annotations
 
-import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -61,10 +61,12 @@ logger = logging.getLogger("engine_patch")
 class DraftedBatches:
     """Drafting for one scheduler's generators: a session per sequence, the drafted step of its generation batch."""
 
-    def __init__(self, drafting: Drafting, model: Any, tokenizer: Any = None):
+    def __init__(self, drafting: Drafting, model: Any, tokenizer: Any = None, full_prompt: Callable[[Any], list[int]] = list):
         self.drafting = drafting
         self.model = model
         self.tokenizer = tokenizer
+        self.full_prompt = full_prompt  # a row's whole prompt, from the prompt inserted (a planned one carries what it restored)
+        self.generator: Any = None
         prompt_cache = make_prompt_cache(model)
         self.recurrent = has_recurrent_state(prompt_cache)
         self.why_not = why_not_draftable(prompt_cache)
@@ -76,25 +78,24 @@ class DraftedBatches:
         # Rows whose next token a drafted step nearly tied on (the margin rule): the next step is one token wide.
         self.decide_alone: set[int] = set()
 
-    def attach(self, generator: Any, full_prompt) -> None:
-        """Route `generator`'s inserts and decode steps through drafting; `full_prompt(prompt)` gives a row's whole prompt."""
+    def attach(self, generator: Any) -> None:
+        """Start over with `generator`, whose `insert` and generation batch's `next` run through `_insert` and `_next`
+        (the rows of seams.py's table that DraftedBatches runs, put on it by `ServedScheduler.attach`)."""
+        self.generator = generator
         self.sessions.clear()
         self.unfed.clear()
         self.told_ahead.clear()
         self.decide_alone.clear()
-        generator.insert = functools.partial(self._insert, generator, generator.insert, full_prompt)
-        batch = generator._generation_batch
-        batch.next = functools.partial(self._next, generator, batch, batch.next)
 
-    def _insert(self, generator, original_insert, full_prompt, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
+    def _insert(self, original_insert, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
                 logits_processors=None, state_machines=None):
         uids = original_insert(prompts, max_tokens=max_tokens, caches=caches, all_tokens=all_tokens, samplers=samplers,
                                logits_processors=logits_processors, state_machines=state_machines)
         processors = logits_processors or [[]] * len(prompts)
         for uid, prompt, row_processors in zip(uids, prompts, processors):
             bypass = "logits processors" if row_processors else self.why_not
-            self.sessions[uid] = self.drafting.session(full_prompt(prompt), bypass, self.tokenizer)
-        self._forget_gone(generator)
+            self.sessions[uid] = self.drafting.session(self.full_prompt(prompt), bypass, self.tokenizer)
+        self._forget_gone(self.generator)
         return uids
 
     def _forget_gone(self, generator: Any) -> None:
@@ -106,7 +107,8 @@ class DraftedBatches:
 
     # --- a step ----------------------------------------------------------------------
 
-    def _next(self, generator, batch, original_next):
+    def _next(self, original_next):
+        generator, batch = self.generator, self.generator._generation_batch
         if not batch.uids:
             return []
         sessions = [self.sessions.get(uid) for uid in batch.uids]

@@ -7,22 +7,24 @@ in `Scheduler.add_request` and, at a later step, inserts it into mlx-lm's
 Each row of the table wraps one of their methods, named by reference (the
 method as shipped), with what runs around it and why.
 
-The order of wrappers is the table's: rows are put in top to bottom, and a row
-on an attribute an earlier row already wrapped wraps that wrapper, so it runs
-first and calls the earlier one. Two attributes are wrapped twice:
+The order of wrappers is the table's (`seam_table.py`, the mechanics both
+engines' tables share): rows are put in top to bottom, and a row on an
+attribute an earlier row already wrapped wraps that wrapper, so it runs first
+and calls the earlier one. Two attributes are wrapped twice:
 - `Scheduler._schedule_waiting`: the queue-wait count (admission) around the
   plan (the cache): requests are planned, join the batch, then each one's wait
   is counted;
 - `BatchGenerator.insert`, on each generator a served scheduler builds: the
   draft sessions around the segmented insert (a session opens once its row has
   a uid).
-`tests/engine_patch/test_batched_seams.py` reads the installed classes and
-generators and fails on any replaced attribute not in the table, or wrapped in
-another order.
+`tests/engine_patch/vllm_mlx/test_batched_seams.py` reads the installed classes
+and generators and fails on any replaced attribute not in the table, or
+wrapped in another order.
 
-The rows marked EACH_GENERATOR are put on each generator a served scheduler
-builds (`ServedScheduler.attach`, `DraftedBatches.attach`), not on the class:
-a scheduler ours does not serve keeps mlx-lm's generator as shipped.
+The rows run by `ServedScheduler` or `DraftedBatches` are put on each
+generator a served scheduler builds (`ServedScheduler.attach`, by the same
+mechanics), not on the class: a scheduler ours does not serve keeps mlx-lm's
+generator as shipped.
 """
 
 from __future__ import annotations
@@ -30,53 +32,21 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import importlib
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from stable_prefix.engine_patch.cache.prompt_head import set_head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 
+from ..seam_table import Patch, Seam, labels, put_in
 from . import batched_admission, recurrent_padding_fix
 from .batched_engine import ServedScheduler, ServedSchedulers, why_not_served
 from .drafted_decode import DraftedBatches
 
 logger = logging.getLogger("engine_patch")
-
-ON_THE_CLASS = "the class"
-EACH_GENERATOR = "each generator a served scheduler builds"
-
-
-@dataclass(frozen=True)
-class Seam:
-    """One method of vllm-mlx's or mlx-lm's that the batched engine wraps."""
-
-    owner: type  # the class whose attribute is replaced
-    shipped: Callable[..., Any]  # the method as shipped: the attribute replaced is its name
-    wrap: Callable[..., Any]  # ON_THE_CLASS: the method there now -> its replacement; EACH_GENERATOR: the method run around it
-    does: str
-    where: str = ON_THE_CLASS
-    needs: str | None = None  # a vllm-mlx module the wrapper imports; a release without it keeps this method as shipped
-
-    @property
-    def name(self) -> str:
-        return self.shipped.__name__
-
-    @property
-    def label(self) -> str:
-        return f"{self.owner.__name__}.{self.name}"
-
-    def available(self) -> bool:
-        try:
-            if self.needs is not None:
-                importlib.import_module(self.needs)
-        except ImportError:
-            return False
-        return True
 
 
 def seam_table(seams: BatchedEngineSeams) -> tuple[Seam, ...]:
@@ -93,7 +63,7 @@ def seam_table(seams: BatchedEngineSeams) -> tuple[Seam, ...]:
         Seam(Scheduler, Scheduler._schedule_waiting, served(ServedScheduler.around_schedule_waiting),
              "plan the requests about to join the batch: restore, checkpoints, hold those waiting for a shared prefill"),
         Seam(Scheduler, Scheduler._create_batch_generator, served(ServedScheduler.around_create_batch_generator),
-             "put the EACH_GENERATOR rows on the generator it builds"),
+             "put the rows run by ServedScheduler and DraftedBatches (below) on the generator it builds"),
         Seam(Scheduler, Scheduler._process_batch_responses, served(ServedScheduler.around_process_batch_responses),
              "keep what each finished sequence holds (prompt and reply) with its checkpoints"),
         Seam(Scheduler, Scheduler._do_abort_request, served(ServedScheduler.around_abort_request),
@@ -116,13 +86,13 @@ def seam_table(seams: BatchedEngineSeams) -> tuple[Seam, ...]:
         Seam(BatchGenerator, BatchGenerator._next, recurrent_padding_fix.unpadded_steps,
              "hybrid prompts in flight prefill together, never padded (every scheduler, vllm-mlx's own cache too)"),
         Seam(BatchGenerator, BatchGenerator.insert, ServedScheduler._insert,
-             "each planned prefill stops at its checkpoints and at prefixes shared with waiting requests", EACH_GENERATOR),
+             "each planned prefill stops at its checkpoints and at prefixes shared with waiting requests", run_by=ServedScheduler),
         Seam(BatchGenerator, BatchGenerator.next, ServedScheduler._next,
-             "snapshot a prefill where it stopped, between two steps", EACH_GENERATOR),
+             "snapshot a prefill where it stopped, between two steps", run_by=ServedScheduler),
         Seam(BatchGenerator, BatchGenerator.insert, DraftedBatches._insert,
-             "each row's draft session opens with its whole prompt (around the segmented insert above)", EACH_GENERATOR),
+             "each row's draft session opens with its whole prompt (around the segmented insert above)", run_by=DraftedBatches),
         Seam(GenerationBatch, GenerationBatch.next, DraftedBatches._next,
-             "a decode step verifies each row's draft where drafting pays", EACH_GENERATOR),
+             "a decode step verifies each row's draft where drafting pays", run_by=DraftedBatches),
     )
 
 
@@ -140,6 +110,8 @@ class BatchedEngineSeams:
         # request id -> the context the request was submitted in (event loop side)
         self.contexts: dict[str, contextvars.Context] = {}
         self.served = ServedSchedulers()
+        self.generator_rows: tuple[Seam, ...] = ()  # put on each generator a served scheduler builds
+        self.patches: list[Patch] = []  # what install() replaced: `seam_table.take_out` puts it back
 
     def install(self) -> list[str]:
         try:
@@ -147,18 +119,9 @@ class BatchedEngineSeams:
         except (ImportError, AttributeError) as error:
             logger.warning("engine_patch: vllm-mlx's batched engine lacks a seam (%s); it runs as shipped", error)
             return []
-        patched = []
-        for seam in table:
-            if seam.where != ON_THE_CLASS or not seam.available():
-                continue
-            current = getattr(seam.owner, seam.name)
-            replacement = seam.wrap(current)
-            if replacement is not current:  # the recurrent padding fix, put in already, is not put in twice
-                replacement.seam = seam  # after functools.wraps, which copies the wrapped one's attributes
-                setattr(seam.owner, seam.name, replacement)
-            if seam.label not in patched:
-                patched.append(seam.label)
-        return patched
+        self.generator_rows = tuple(seam for seam in table if seam.run_by is not None)
+        self.patches = put_in(table)
+        return labels(self.patches)
 
     # --- the wrappers of the class rows: each given the method there now, returning its replacement -------------
 
@@ -194,7 +157,7 @@ class BatchedEngineSeams:
             if reason is not None:
                 logger.warning("engine_patch: the batched engine keeps vllm-mlx's own prefix cache: %s", reason)
                 return
-            seams.served[scheduler] = ServedScheduler(scheduler, seams.planner, seams.contexts, seams.drafting)
+            seams.served[scheduler] = ServedScheduler(scheduler, seams.planner, seams.contexts, seams.drafting, seams.generator_rows)
             if seams.drafting is not None:
                 seams.drafting.prepare(model)  # at start: auto measures its verify-cost curve
             logger.info("engine_patch: the batched engine's prefix cache is ours (vllm-mlx's own is off)")

@@ -29,6 +29,7 @@ class AdmittedGeneration:
     """A drop-in `stream_generate` that refuses prompts beyond the context and stops abandoned prefills."""
 
     def __init__(self, generate: Callable[..., Iterator[Any]]):
+        functools.update_wrapper(self, generate, updated=())  # `__wrapped__`: what it runs around
         self.generate = generate
         self._contexts: dict[int, int | None] = {}  # per model object
 
@@ -53,18 +54,14 @@ def _stopping(callback: Callable[[int, int], None] | None) -> Callable[[int, int
     return progress
 
 
-def install_early_check() -> list[str]:
-    try:
-        from vllm_mlx.models.llm import MLXLanguageModel
-    except ImportError:
-        return []
-    original = MLXLanguageModel.stream_generate
+def refusing_far_too_long(stream_generate: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """vllm-mlx's `MLXLanguageModel.stream_generate`, refusing a text far beyond the context before it is tokenized
+    (a row of `seams.py`'s table)."""
 
-    @functools.wraps(original)
+    @functools.wraps(stream_generate)
     def stream_generate_unless_far_too_long(self, prompt, *args, **kwargs):
         if isinstance(prompt, str):
             refuse_if_far_too_long(self.tokenizer, prompt, context_length(self.model, self.tokenizer))
-        yield from original(self, prompt, *args, **kwargs)
+        yield from stream_generate(self, prompt, *args, **kwargs)
 
-    MLXLanguageModel.stream_generate = stream_generate_unless_far_too_long
-    return ["MLXLanguageModel.stream_generate (a paste far beyond the context)"]
+    return stream_generate_unless_far_too_long

@@ -17,6 +17,7 @@ continued from.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,6 +46,7 @@ class CachedGeneration:
     """A drop-in `stream_generate` that reuses and refills the prefix cache."""
 
     def __init__(self, original: Callable[..., Iterator[Any]], cache: RamTier, planner: PrefixPlanner | None = None):
+        functools.update_wrapper(self, original, updated=())  # `__wrapped__`: what it runs around
         self.original = original
         self.planner = planner or PrefixPlanner(cache)
         self.cache = self.planner.cache

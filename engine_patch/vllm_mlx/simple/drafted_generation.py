@@ -54,6 +54,7 @@ class DraftedGeneration:
     """A `stream_generate` layer that gives each request its draft session (and counts its decode)."""
 
     def __init__(self, generate: Callable[..., Iterator[Any]], drafting: Drafting):
+        functools.update_wrapper(self, generate, updated=())  # `__wrapped__`: what it runs around
         self.generate = generate
         self.drafting = drafting
 
@@ -290,12 +291,11 @@ class DraftedDecode:
             logger.warning("engine_patch: settling the cache after a drafted decode failed (%r)", error)
 
 
-def install(drafting: Drafting) -> list[str]:
-    """Route generate_step calls that carry a draft request through `DraftRequest.decode`."""
-    generate_module = sys.modules["mlx_lm.generate"]
-    original = generate_module.generate_step
+def drafts_dispatched(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """mlx-lm's `generate_step` routing a call that carries a draft request through `DraftRequest.decode` (a row of
+    `seams.py`'s table); `original` itself where it does already."""
     if getattr(original, "drafts_verified", False):
-        return []
+        return original
 
     @functools.wraps(original)
     def generate_step(prompt, model, *, draft_request: DraftRequest | None = None, **kwargs):
@@ -304,5 +304,11 @@ def install(drafting: Drafting) -> list[str]:
         return draft_request.decode(original, prompt, model, **kwargs)
 
     generate_step.drafts_verified = True
-    generate_module.generate_step = generate_step
-    return ["mlx_lm.generate.generate_step (drafts)"]
+    return generate_step
+
+
+def install(drafting: Drafting) -> None:
+    """The dispatcher alone, for what decodes with drafts without vllm-mlx (tests); the simple engine's `install()`
+    puts it in with its other seams."""
+    generate_module = sys.modules["mlx_lm.generate"]  # `mlx_lm.generate` is also a function's name
+    generate_module.generate_step = drafts_dispatched(generate_module.generate_step)

@@ -1,127 +1,160 @@
-"""The prefix cache and drafted decoding inside vllm-mlx's SimpleEngine (one request at a time).
+"""Every seam of SimpleEngine in one table (`seam_table`), and the one `install()` that puts them in.
 
-Five seams, each the narrowest that covers every request:
-- `mlx_lm.stream_generate`, which every SimpleEngine text generation ends in,
-  is wrapped by `CachedGeneration` (see there for why this depth), and that by
-  `DraftedGeneration`, which hands each request's draft session to
-  `mlx_lm.generate.generate_step`, replaced by its drafted decode
-  (`drafted_generation.py`).
-- vllm-mlx's own system-prefix cache (0.6.0) is switched off for a model our
-  cache serves: it restores only the system+tools prefix, keeps whole copies
-  per slot and would take the prompt before our cache sees it. For a model our
-  cache cannot serve it stays on, so no model gets less reuse than shipped.
-- Chat requests carry their stable head (system + tools, found by vllm-mlx's
-  own probe) to the generation, where models with positional layers
-  checkpoint it.
-- The engine's worker submissions run in the submitting request's context, so
-  the generation can tell the HTTP layer how much it reused.
+vllm-mlx 0.6.0's SimpleEngine serves one request at a time: it renders a chat
+request (`_render_chat_prompt`), runs the generation on its worker
+(`_submit_to_generation_worker`), and every text generation, streamed or not,
+ends in `mlx_lm.stream_generate`. Each row of the table wraps one of their
+functions or methods, named by reference (as shipped), with what runs around
+it and why: the narrowest seams that cover every request.
+
+The order of wrappers is the table's (`seam_table.py`, the mechanics both
+engines' tables share): rows are put in top to bottom, and a row on an
+attribute an earlier row already wrapped wraps that wrapper, so it runs first
+and calls the earlier one. `mlx_lm.stream_generate` is wrapped three times:
+the cache (`cached_generation.py`), around it the draft session
+(`drafted_generation.py`: outside the cache, so it sees the whole prompt),
+around both the admission checks (`admitted_generation.py`: a prompt beyond
+the context and an abandoned prefill stop before the cache). vllm-mlx's own
+system-prefix cache (0.6.0) is switched off for a model ours serves: it
+restores only the system+tools prefix, keeps whole copies per slot and would
+take the prompt before ours sees it; for a model ours cannot serve it stays
+on, so no model gets less reuse than shipped.
+`tests/engine_patch/vllm_mlx/test_simple_seams.py` fails on any replaced
+attribute not in the table, or wrapped in another order.
+
+A release without a method a row names (vllm-mlx 0.3.0 has none of
+SimpleEngine's three) keeps that part as shipped (`where_present`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import logging
-import sys
+from collections.abc import Callable
+from typing import Any
 
 from stable_prefix.engine_patch.cache.prompt_head import set_head_text
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 
-from . import admitted_generation, drafted_generation
-from .admitted_generation import AdmittedGeneration
+from ..seam_table import Patch, Seam, labels, put_in, where_present
+from .admitted_generation import AdmittedGeneration, refusing_far_too_long
 from .cached_generation import CachedGeneration
-from .drafted_generation import DraftedGeneration
+from .drafted_generation import DraftedGeneration, drafts_dispatched
 
 logger = logging.getLogger("engine_patch")
 
 
-def install(planner: PrefixPlanner, drafting: Drafting) -> list[str]:
+def seam_table(seams: SimpleEngineSeams) -> tuple[Seam, ...]:
+    """SimpleEngine's seams, in the order they are put in (vllm-mlx imported here, at install)."""
     import mlx_lm
 
-    generation = CachedGeneration(mlx_lm.stream_generate, planner.cache, planner)
-    # Outside the cache, so the draft session sees the whole prompt (drafted_generation.py).
-    drafted = DraftedGeneration(generation, drafting)
-    # Outermost: prompts beyond the context and abandoned prefills stop before the cache (admission.py).
-    admitted = AdmittedGeneration(drafted)
-    mlx_lm.stream_generate = admitted
-    # mlx_lm.generate() (vllm-mlx's non-streamed path) calls its module's global.
-    sys.modules["mlx_lm.generate"].stream_generate = admitted
-    patched = ["mlx_lm.stream_generate", *admitted_generation.install_early_check(), *drafted_generation.install(drafting)]
-    patched += _defer_builtin_prefix_cache(generation, drafting)
-    patched += _carry_prompt_head()
-    patched += _carry_request_context_to_worker()
-    return patched
+    generation = importlib.import_module("mlx_lm.generate")  # `mlx_lm.generate` is also a function's name
+    planner = seams.planner
+    return (
+        Seam(mlx_lm, mlx_lm.stream_generate, functools.partial(CachedGeneration, cache=planner.cache, planner=planner),
+             "restore the longest stored prefix, prefill to the checkpoints, keep the final state"),
+        Seam(mlx_lm, mlx_lm.stream_generate, functools.partial(DraftedGeneration, drafting=seams.drafting),
+             "the request's draft session, opened with the whole prompt (around the cache above)"),
+        Seam(mlx_lm, mlx_lm.stream_generate, AdmittedGeneration,
+             "a prompt beyond the context is refused, an abandoned prefill stopped, before the cache (outermost)"),
+        Seam(generation, generation.stream_generate, seams.layered_as_mlx_lms,
+             "the same layers: mlx_lm.generate(), vllm-mlx's non-streamed path, calls its module's global"),
+        Seam(generation, generation.generate_step, drafts_dispatched,
+             "a call carrying a draft session decodes with drafts, any other as shipped"),
+        *where_present("vllm_mlx.models.llm", lambda llm: [
+            Seam(llm.MLXLanguageModel, llm.MLXLanguageModel.stream_generate, refusing_far_too_long,
+                 "a paste far beyond the context is refused before vllm-mlx tokenizes it whole to count it"),
+        ]),
+        *where_present("vllm_mlx.engine.simple", lambda simple: [  # releases before the system-prefix cache: neither
+            Seam(simple.SimpleEngine, simple.SimpleEngine._probe_system_kv_cache_support, seams.decide_at_load,
+                 "at model load: does ours serve the model (then vllm-mlx's system-prefix cache is off)? drafting measures"),
+            Seam(simple, simple.build_system_prompt_cache_prefix, seams.system_prefix_unless_ours,
+                 "no system prefix where ours serves: SimpleEngine takes its plain path, into the layers above"),
+        ]),
+        *where_present("vllm_mlx.engine.simple", lambda simple: [
+            Seam(simple.SimpleEngine, simple.SimpleEngine._render_chat_prompt, note_chat_head,
+                 "the chat head (system + tools, vllm-mlx's own probe), for models that checkpoint it",
+                 needs="vllm_mlx.engine.chat_template_safety"),
+        ]),
+        *where_present("vllm_mlx.engine.simple", lambda simple: [  # older releases use asyncio.to_thread, which copies it
+            Seam(simple.SimpleEngine, simple.SimpleEngine._submit_to_generation_worker, carry_request_context,
+                 "the worker runs the generation in the request's context, which tells the HTTP layer what was reused"),
+        ]),
+    )
 
 
-def _defer_builtin_prefix_cache(generation: CachedGeneration, drafting: Drafting) -> list[str]:
-    try:
-        from vllm_mlx.engine import simple
-    except ImportError:
-        return []
-    if not hasattr(simple, "build_system_prompt_cache_prefix"):
-        return []  # releases before the system-prefix cache existed
-    original_build = simple.build_system_prompt_cache_prefix
-    original_probe = simple.SimpleEngine._probe_system_kv_cache_support.__func__
-    engine_model = {"served_by_us": True}
-
-    @functools.wraps(original_probe)
-    def probe(cls, model, route):
-        # Where SimpleEngine decides, at model load, whether its own cache can
-        # serve the model, decide whether ours does.
-        engine_model["served_by_us"] = generation.supports(model)
-        drafting.prepare(model)  # at load, not on the first request: auto measures its verify-cost curve
-        if not engine_model["served_by_us"]:
-            logger.warning("engine_patch: this model keeps vllm-mlx's own system-prefix cache")
-        return original_probe(cls, model, route)
-
-    @functools.wraps(original_build)
-    def system_prefix_unless_ours(*args, **kwargs):
-        # With no system prefix found, SimpleEngine takes its plain path, which
-        # ends in the wrapped mlx_lm.stream_generate.
-        return None if engine_model["served_by_us"] else original_build(*args, **kwargs)
-
-    simple.SimpleEngine._probe_system_kv_cache_support = classmethod(probe)
-    simple.build_system_prompt_cache_prefix = system_prefix_unless_ours
-    return ["SimpleEngine system-prefix cache (off for models we serve)"]
+def install(planner: PrefixPlanner, drafting: Drafting) -> list[str]:
+    """Every row of the table on vllm-mlx and mlx-lm: SimpleEngine serves our cache; what was patched."""
+    return SimpleEngineSeams(planner, drafting).install()
 
 
-def _carry_prompt_head() -> list[str]:
-    try:
-        from vllm_mlx.engine import simple
-        from vllm_mlx.engine.chat_template_safety import build_system_prompt_cache_prefix
-    except ImportError:
-        return []
-    render = getattr(simple.SimpleEngine, "_render_chat_prompt", None)
-    if render is None:
-        return []
+class SimpleEngineSeams:
+    """The wrappers of the table's rows that share the planner, drafting, and what the last model load decided."""
+
+    def __init__(self, planner: PrefixPlanner, drafting: Drafting):
+        self.planner = planner
+        self.drafting = drafting
+        self.serves_loaded_model = True  # decided again at each model load (`decide_at_load`)
+        self.patches: list[Patch] = []  # what install() replaced: `seam_table.take_out` puts it back
+
+    def install(self) -> list[str]:
+        self.patches = put_in(seam_table(self))
+        return labels(self.patches)
+
+    @staticmethod
+    def layered_as_mlx_lms(shipped: Callable[..., Any]) -> Callable[..., Any]:
+        """`mlx_lm.generate.stream_generate` as `mlx_lm.stream_generate` is now (the package re-exports the module's)."""
+        import mlx_lm
+
+        return mlx_lm.stream_generate
+
+    def decide_at_load(self, probe: classmethod) -> classmethod:
+        seams, shipped = self, probe.__func__
+
+        @functools.wraps(shipped)
+        def _probe_system_kv_cache_support(cls, model, route):
+            # Where SimpleEngine decides, at model load, whether its own cache can serve the model, decide whether ours does.
+            seams.serves_loaded_model = seams.planner.supports(model)
+            seams.drafting.prepare(model)  # at load, not on the first request: auto measures its verify-cost curve
+            if not seams.serves_loaded_model:
+                logger.warning("engine_patch: this model keeps vllm-mlx's own system-prefix cache")
+            return shipped(cls, model, route)
+
+        return classmethod(_probe_system_kv_cache_support)
+
+    def system_prefix_unless_ours(self, build: Callable[..., Any]) -> Callable[..., Any]:
+        seams = self
+
+        @functools.wraps(build)
+        def build_system_prompt_cache_prefix(*args, **kwargs):
+            # With no system prefix found, SimpleEngine takes its plain path, which ends in the wrapped mlx_lm.stream_generate.
+            return build(*args, **kwargs) if not seams.serves_loaded_model else None
+
+        return build_system_prompt_cache_prefix
+
+
+def note_chat_head(render: Callable[..., Any]) -> Callable[..., Any]:
+    from vllm_mlx.engine.chat_template_safety import build_system_prompt_cache_prefix
 
     @functools.wraps(render)
-    def render_and_note_head(self, messages, *args, **kwargs):
-        prompt, template_kwargs, safe_messages = render(self, messages, *args, **kwargs)
+    def render_and_note_head(engine, messages, *args, **kwargs):
+        prompt, template_kwargs, safe_messages = render(engine, messages, *args, **kwargs)
         if template_kwargs is not None:
-            tokenizer = self._model.tokenizer
+            tokenizer = engine._model.tokenizer
             set_head_text(lambda: build_system_prompt_cache_prefix(
                 tokenizer, messages, template_kwargs=template_kwargs, normalized_messages=safe_messages))
         return prompt, template_kwargs, safe_messages
 
-    simple.SimpleEngine._render_chat_prompt = render_and_note_head
-    return ["SimpleEngine chat head"]
+    return render_and_note_head
 
 
-def _carry_request_context_to_worker() -> list[str]:
-    try:
-        from vllm_mlx.engine.simple import SimpleEngine
-    except ImportError:
-        return []
-    submit = getattr(SimpleEngine, "_submit_to_generation_worker", None)
-    if submit is None:
-        return []  # older releases use asyncio.to_thread, which copies the context itself
-
+def carry_request_context(submit: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(submit)
-    async def submit_in_callers_context(self, worker, fn, /, *args, **kwargs):
+    async def submit_in_callers_context(engine, worker, fn, /, *args, **kwargs):
         context = contextvars.copy_context()
-        return await submit(self, worker, functools.partial(context.run, fn), *args, **kwargs)
+        return await submit(engine, worker, functools.partial(context.run, fn), *args, **kwargs)
 
-    SimpleEngine._submit_to_generation_worker = submit_in_callers_context
-    return ["SimpleEngine worker context"]
+    return submit_in_callers_context

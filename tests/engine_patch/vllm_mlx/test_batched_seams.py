@@ -3,102 +3,68 @@ a row, wrapped in the table's order, and so is every method it replaces on the g
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import sys
 
 import mlx_lm
 
 from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import PrefixPlanner
 from stable_prefix.engine_patch.drafts.drafting import Drafting
-from stable_prefix.engine_patch.vllm_mlx.batched.seams import EACH_GENERATOR, ON_THE_CLASS, BatchedEngineSeams, seam_table
+from stable_prefix.engine_patch.vllm_mlx.batched.seams import BatchedEngineSeams, seam_table
 from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
 from tests.support.models import TEST_MODEL, require_model
+from tests.support.shipped_attributes import put_back_afterwards, wrapped_in_table_order
 
-SHIPPED_PACKAGES = ("vllm_mlx", "mlx_lm")
-
-
-def shipped_namespaces() -> list[object]:
-    """Every module of vllm-mlx and mlx-lm loaded now, and every class defined in one."""
-    import vllm_mlx.engine.batched  # noqa: F401  (the engine's modules loaded, as a server loads them)
-    import vllm_mlx.engine.chat_template_safety  # noqa: F401
-    import vllm_mlx.engine_core  # noqa: F401
-    import vllm_mlx.scheduler  # noqa: F401
-
-    modules = [module for name, module in list(sys.modules.items()) if name.split(".")[0] in SHIPPED_PACKAGES and module is not None]
-    classes = [cls for module in modules for _, cls in inspect.getmembers(module, inspect.isclass) if cls.__module__ == module.__name__]
-    return [*modules, *classes]
+# The modules of the batched engine a server loads, each holding a class the table names.
+ENGINE_MODULES = ("vllm_mlx.engine.batched", "vllm_mlx.engine.chat_template_safety", "vllm_mlx.engine_core", "vllm_mlx.scheduler")
 
 
-def methods(namespace: object) -> dict[str, object]:
-    """A module's or class's attributes but its submodules (an import adds those, no install)."""
-    return {name: value for name, value in vars(namespace).items() if not inspect.ismodule(value)}
-
-
-@contextlib.contextmanager
-def installed_on_a_snapshot():
-    """The batched engine's install(), and what every shipped module and class held before it; all put back afterwards."""
-    before = {id(namespace): (namespace, methods(namespace)) for namespace in shipped_namespaces()}
-    seams = BatchedEngineSeams(PrefixPlanner(RamTier(budget_bytes=2**20)), Drafting("on"))
-    try:
-        yield seams, before
-    finally:
-        for namespace, attributes in before.values():
-            for name in [name for name in methods(namespace) if name not in attributes]:
-                delattr(namespace, name)
-            for name, value in attributes.items():
-                if vars(namespace).get(name) is not value:
-                    setattr(namespace, name, value)
+def fresh_seams() -> BatchedEngineSeams:
+    return BatchedEngineSeams(PrefixPlanner(RamTier(budget_bytes=2**20)), Drafting("on"))
 
 
 def class_rows(seams: BatchedEngineSeams) -> list:
-    return [seam for seam in seam_table(seams) if seam.where == ON_THE_CLASS and seam.available()]
+    return [seam for seam in seam_table(seams) if seam.run_by is None and seam.available()]
 
 
 def test_every_attribute_the_batched_install_replaces_is_a_row_of_the_seam_table():
-    with installed_on_a_snapshot() as (seams, before):
+    with put_back_afterwards(*ENGINE_MODULES) as snapshot:
+        seams = fresh_seams()
         seams.install()
-        replaced = {(namespace, name) for namespace, attributes in before.values()
-                    for name, value in methods(namespace).items() if name not in attributes or attributes[name] is not value}
+        replaced = snapshot.replaced()
         rows = {(seam.owner, seam.name) for seam in class_rows(seams)}
     assert replaced == rows, f"replaced outside the table: {replaced - rows}; in the table, not replaced: {rows - replaced}"
 
 
 def test_each_attribute_is_wrapped_in_the_tables_order_the_later_row_outermost():
-    with installed_on_a_snapshot() as (seams, _):
-        rows = class_rows(seams)  # read before the install: each row's `shipped` is the method as shipped
+    with put_back_afterwards(*ENGINE_MODULES) as snapshot:
+        seams = fresh_seams()
         seams.install()
-        for seam in rows:
-            wrappers, method = [], getattr(seam.owner, seam.name)
-            while method is not seam.shipped:
-                wrappers.append(method.seam.does)
-                method = method.__wrapped__
-            in_order = [row.does for row in rows if (row.owner, row.name) == (seam.owner, seam.name)]
-            assert wrappers == in_order[::-1], f"{seam.label}: wrapped by {wrappers}"
+        assert wrapped_in_table_order(seam_table(seams), seams.patches, snapshot) == []
 
 
 def test_the_queue_wait_count_runs_around_the_plan_of_the_requests_joining_the_batch():
     # The one class attribute wrapped twice, as the table states it.
     from vllm_mlx.scheduler import Scheduler
 
-    with installed_on_a_snapshot() as (seams, _):
+    with put_back_afterwards(*ENGINE_MODULES):
         shipped = Scheduler._schedule_waiting
+        seams = fresh_seams()
         seams.install()
-        outer = Scheduler._schedule_waiting
-        assert outer.seam.wrap.func.__name__ == "count_queue_waits"
-        assert outer.__wrapped__.seam.does.startswith("plan the requests")
-        assert outer.__wrapped__.__wrapped__ is shipped
+        plan, count = [patch for patch in seams.patches if patch.seam.label == "Scheduler._schedule_waiting"]
+        assert count.seam.wrap.func.__name__ == "count_queue_waits"
+        assert plan.seam.does.startswith("plan the requests")
+        assert Scheduler._schedule_waiting.__wrapped__.__wrapped__ is shipped
 
 
 def wrapped_by(method) -> list:
-    """The functions run around a generator's method, outermost first: each a partial whose first callable argument
-    is the method it wraps."""
+    """The rows' methods run around an object's method, outermost first: each a partial of a row's `wrap`, given its
+    runner and the method it wraps."""
     functions = []
     while isinstance(method, functools.partial):
-        functions.append(method.func.__func__)
-        method = next(argument for argument in method.args if callable(argument))
+        functions.append(method.func)
+        method = method.args[1]
     return functions
 
 
@@ -106,7 +72,7 @@ def test_a_served_schedulers_generator_is_wrapped_as_the_tables_generator_rows_s
     model, tokenizer = mlx_lm.load(str(require_model(TEST_MODEL)))
     with batched_seams(drafting=Drafting("on")) as seams:
         served = scheduler(model, tokenizer)
-        rows = [seam for seam in seam_table(seams) if seam.where == EACH_GENERATOR]
+        rows = [seam for seam in seam_table(seams) if seam.run_by is not None]
         generators = []
         create = served._create_batch_generator
 
