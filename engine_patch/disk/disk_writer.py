@@ -31,8 +31,8 @@ from stable_prefix.engine_patch.cache.ram_tier import CachedPrefix
 
 from .disk_faults import DiskFaults
 from .disk_index import DiskIndex
-from .lane_write_plan import WritePlan
-from .persisted_entry import LaneRecord, block_arrays, lane_metadata, record_of, state_arrays
+from .lane_write_plan import WritePlan, written_part
+from .persisted_entry import LaneRecord, block_arrays, lane_metadata, record_of, state_arrays, state_keys
 from .snapshot_directory import BLOCK, FOLDERS, LANE, STATE, SnapshotDirectory
 from .snapshot_file import HostArray, PreparedSnapshot, host_view, prepare_snapshot
 
@@ -79,11 +79,17 @@ class DiskWriter:
         with it (zero-copy views); the writer finds out what the directory holds.
         """
         record, own_end_state = record_of(entry)
+        # Only what the write will put on disk travels: a hybrid turn ends there at its prompt's checkpoint.
+        written = written_part(record)
+        wanted_blocks = {piece.key for piece in written.blocks}
+        wanted_states = set(state_keys(written))
         known = identity.result() if identity.done() else None
         known_blocks, known_states = (set(), set()) if known is None else self.index.known_on_disk(self.files.folder(known))
-        blocks = {ref.block.key: _host_arrays(*block_arrays(ref.block)) for ref in entry.blocks if ref.block.key not in known_blocks}
-        states = {c.key: _host_arrays(*state_arrays(c.layers, c.key, c.position)) for c in entry.checkpoints if c.key not in known_states}
-        if own_end_state:
+        blocks = {ref.block.key: _host_arrays(*block_arrays(ref.block)) for ref in entry.blocks
+                  if ref.block.key in wanted_blocks and ref.block.key not in known_blocks}
+        states = {c.key: _host_arrays(*state_arrays(c.layers, c.key, c.position)) for c in entry.checkpoints
+                  if c.key in wanted_states and c.key not in known_states}
+        if own_end_state and record.end_state in wanted_states:
             states[record.end_state] = _host_arrays(*state_arrays(entry.layers, record.end_state, len(entry.tokens)))
         pending = PendingWrite(identity, record, blocks, states)
         with self._lock:

@@ -33,16 +33,16 @@ class WritePlan:
         present_blocks, present_states = files.sizes(folder, BLOCK), files.sizes(folder, STATE)
         self.present_block_files, self.present_state_files = set(present_blocks), set(present_states)
         positional = bool(record.positional)
-        length = record.token_count
+        wanted = length = written_length(record)
         for piece in record.blocks:
+            if piece.start >= length:
+                break  # a reply's block past where the lane goes on disk: neither needed nor carried
             if piece.key not in present_blocks and piece.key not in blocks:
                 length = restorable_length(record.token_count, record.checkpoint_positions, piece.start, positional)
                 break
         while length > 0 and positional and any(key not in present_states and key not in states for key in state_keys(cut(record, length))):
             length = restorable_length(record.token_count, record.checkpoint_positions, length - 1, positional)
-        self.truncated = length < record.token_count
-        if positional:
-            length = resume_point(record, length)
+        self.truncated = length < wanted
         self.record = cut(record, length) if length > 0 else None
         if self.record is None:
             return
@@ -57,6 +57,17 @@ class WritePlan:
         self.new_bytes = sum(file.file_bytes for file in (*self.new_blocks.values(), *self.new_states.values()))
         self.footprint = self.new_bytes + sum(present_blocks[key] for key in self.present_blocks) + sum(
             present_states[key] for key in keys_of_states if key in present_states)
+
+
+def written_part(record: LaneRecord) -> LaneRecord:
+    """The part of `record` a write puts on disk when nothing it needs is missing: what the writer carries
+    (`DiskWriter.submit`), so a hybrid turn's end state and reply blocks are never prepared only to be dropped."""
+    return cut(record, written_length(record))
+
+
+def written_length(record: LaneRecord) -> int:
+    """Where `record` ends on disk: a positional lane at its resume point (`resume_point`), any other at its end."""
+    return resume_point(record, record.token_count) if record.positional else record.token_count
 
 
 def resume_point(record: LaneRecord, length: int) -> int:
