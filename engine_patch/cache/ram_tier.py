@@ -38,6 +38,9 @@ state held once, and the longest common prefix with *any* lane, including a
 partial one (a conversation that was edited or whose last reply rendered
 differently), which trimming the attention state gives for free.
 
+The last request's own cache is kept too (`live_lane.py`): the next request
+sharing its prefix takes it over in place instead of restoring from the blocks.
+
 Snapshots and blocks are taken and restored by `cache_layers.py`, the one
 module that touches mlx-lm's per-layer cache internals.
 """
