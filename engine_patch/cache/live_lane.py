@@ -28,6 +28,7 @@ that request holds itself: the memory a request needs while it runs.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +56,23 @@ class LiveLanes:
     def __init__(self, limit: int = 1):
         self.limit = limit
         self.lanes: list[LiveLane] = []
+        # Keys of models freed since (appended by a finalizer, without the lock: a deque's append is atomic).
+        self._forgotten: collections.deque[str] = collections.deque()
+
+    def forget_model(self, model: str) -> None:
+        """`model` was freed (unloaded): its lanes go at the next `drop_forgotten` (any call below makes one)."""
+        self._forgotten.append(model)
+
+    def drop_forgotten(self) -> None:
+        gone = set()
+        while self._forgotten:
+            gone.add(self._forgotten.popleft())
+        if gone:
+            self.lanes = [lane for lane in self.lanes if lane.model not in gone]
 
     def keep(self, tokens: list[int], prompt_cache: list[Any], model: str | None) -> None:
         """Keep `prompt_cache`, the state of `tokens` (prompt and generated), for the next request sharing it."""
+        self.drop_forgotten()
         if self.limit <= 0:
             return
         counted = cached_token_count(prompt_cache)
@@ -73,6 +88,7 @@ class LiveLanes:
     def take(self, model: str | None, prompt: np.ndarray, length: int) -> LiveLane | None:
         """The newest lane of `model` whose tokens start with `prompt[:length]`, no longer kept here; None if none
         (then the oldest lanes beyond `limit - 1` are dropped: the request about to run brings its own cache)."""
+        self.drop_forgotten()
         for index in range(len(self.lanes) - 1, -1, -1):
             lane = self.lanes[index]
             if length > 0 and lane.model == model and common_prefix_length(lane.tokens, prompt[:length]) >= length:
@@ -85,4 +101,5 @@ class LiveLanes:
 
     @property
     def nbytes(self) -> int:
+        self.drop_forgotten()
         return sum(lane.nbytes for lane in self.lanes)

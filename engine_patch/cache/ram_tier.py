@@ -185,13 +185,25 @@ class RamTier:
     _next_key: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # Each model object's key (held weakly): two models in one server never restore, share or replace each other's state.
-    _model_keys: PerModel[str] = field(default_factory=PerModel)
+    _model_keys: PerModel[str] = field(init=False)
     # The last request's own cache, reused in place by the next request sharing its prefix (0: none kept).
     live_lane_limit: int = 1
     live: LiveLanes = field(init=False)
 
     def __post_init__(self) -> None:
         self.live = LiveLanes(self.live_lane_limit)
+        # An unloaded model's kept cache goes with it (vllm-mlx unloads to give the memory back).
+        self._model_keys = PerModel(on_forget=self._model_freed)
+
+    def _model_freed(self, model_key: str) -> None:
+        """Drop the freed model's kept caches: now if the lock is free, else at the next call that takes it
+        (a finalizer may run on this very thread inside a locked section)."""
+        self.live.forget_model(model_key)
+        if self._lock.acquire(blocking=False):
+            try:
+                self.live.drop_forgotten()
+            finally:
+                self._lock.release()
 
     def model_key(self, model: Any) -> str | None:
         """The key the cache files `model`'s state under: one per loaded model object (a reloaded model starts

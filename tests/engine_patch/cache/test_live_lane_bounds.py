@@ -1,6 +1,8 @@
 """What the RAM tier keeps live and for whom (engine_patch/cache/live_lane.py), on a stand-in model of plain
 KV layers: bounded to the last lane(s), taken by one request of the same model, cut back exactly."""
 
+import gc
+
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
@@ -60,3 +62,12 @@ def test_with_two_lanes_kept_a_request_of_a_third_keeps_the_newer_for_its_own_ne
     tier.fetch(model, [50, 51, 52])
     assert [lane.prompt_cache for lane in tier.live.lanes] == [newer]
     assert tier.fetch(model, list(range(100, 112))).prompt_cache is newer
+
+
+def test_an_unloaded_models_kept_cache_is_dropped_with_it():
+    tier, model = RamTier(budget_bytes=2**24, block_tokens=4), PlainKVModel()
+    finished_request(tier, model, list(range(1, 11)))
+    assert tier.stats()["live_lanes"] == 1
+    del model
+    gc.collect()
+    assert tier.live.lanes == []
