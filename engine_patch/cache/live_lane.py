@@ -23,7 +23,8 @@ not used: the request restores from the blocks, the reason counted and logged.
 Bound: at most `limit` lanes (one by default), outside the RAM tier's byte
 budget. A request that does not take a lane drops the oldest beyond `limit - 1`,
 so with one lane nothing is held while another lane's request runs beyond what
-that request holds itself: the memory a request needs while it runs.
+that request holds itself: the memory a request needs while it runs. A model freed (unloaded) takes its
+lanes with it (`RamTier._model_freed`).
 """
 
 from __future__ import annotations
