@@ -90,8 +90,10 @@ def test_a_follow_up_turn_prefills_only_what_is_new(loaded, generation):
     assert generation.cache.stats()["tokens_prefilled"] - before == reuse.prompt_tokens - reuse.reused
 
 
-def test_a_failing_restore_gives_the_uncached_answer_a_warning_and_a_counted_fallback(loaded, generation, monkeypatch, caplog):
+def test_a_failing_restore_gives_the_uncached_answer_a_warning_and_a_counted_fallback(loaded, monkeypatch, caplog):
     model, tokenizer = loaded
+    # No live lane kept: the next turn restores from the blocks (a kept lane would be taken over without a restore).
+    generation = CachedGeneration(ORIGINAL_STREAM_GENERATE, RamTier(budget_bytes=256 * 2**20, live_lane_limit=0))
     turn1, turn2 = conversation_turns("main")[:2]
     greedy(generation, model, tokenizer, chat(tokenizer, *turn1))
 
