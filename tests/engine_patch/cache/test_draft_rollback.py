@@ -6,7 +6,6 @@ mlx-lm's batched caches, sliding windows past their size included."""
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx_lm
 import numpy as np
 import pytest
 from mlx_lm.generate import _merge_caches
@@ -20,20 +19,10 @@ from stable_prefix.engine_patch.cache.cache_layers import (
     restore_recurrent_state,
     why_not_draftable,
 )
-from tests.support.family_chat import FAMILY_MODELS
-from tests.support.models import require_model
+from tests.support.family_models import FAMILIES, shared_family_model
 
-FAMILIES = ("qwen2", "qwen3_5", "nemotron_h", "gpt_oss", "gemma3_text")
 # Longer than the tiny sliding windows (64 tokens): the windows have wrapped before the draft.
 PROMPT_LENGTH = 90
-
-_loaded: dict[str, tuple] = {}
-
-
-def load(family: str):
-    if family not in _loaded:
-        _loaded[family] = mlx_lm.load(str(require_model(FAMILY_MODELS[family])))
-    return _loaded[family]
 
 
 def tokens(count: int, seed: int) -> list[int]:
@@ -74,7 +63,7 @@ def rolled_back(model, prompt: list[int], fed: list[int], accepted: int) -> list
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_cache_rolled_back_to_the_accepted_tokens_continues_like_one_fed_only_those(family):
-    model, _ = load(family)
+    model, _ = shared_family_model(family)
     prompt, fed = tokens(PROMPT_LENGTH, 1), tokens(6, 2)
     for accepted in (1, 3, 6):
         ours = rolled_back(model, prompt, fed, accepted)
@@ -89,7 +78,7 @@ def test_a_cache_rolled_back_to_the_accepted_tokens_continues_like_one_fed_only_
 
 @pytest.mark.parametrize("family", ("qwen2", "gpt_oss", "gemma3_text"))
 def test_each_row_of_a_batched_cache_drops_its_own_rejected_tokens(family):
-    model, _ = load(family)
+    model, _ = shared_family_model(family)
     prompts = [tokens(PROMPT_LENGTH, 3), tokens(PROMPT_LENGTH - 17, 4), tokens(PROMPT_LENGTH + 9, 5)]
     width = 5
     fed = [tokens(width, 10 + row) for row in range(len(prompts))]
@@ -113,7 +102,7 @@ def test_each_row_of_a_batched_cache_drops_its_own_rejected_tokens(family):
 
 @pytest.mark.parametrize("family", ("qwen3_5", "nemotron_h"))
 def test_recurrent_rows_put_back_are_as_before_the_step_and_the_others_as_after(family):
-    model, _ = load(family)
+    model, _ = shared_family_model(family)
     prompts = [tokens(PROMPT_LENGTH, 6), tokens(PROMPT_LENGTH, 7)]
     singles = []
     for prompt in prompts:
@@ -136,5 +125,5 @@ def test_a_quantized_cache_is_named_as_one_drafts_cannot_roll_back():
     from mlx_lm.models.cache import QuantizedKVCache
 
     assert "QuantizedKVCache" in why_not_draftable([QuantizedKVCache()])
-    model, _ = load("qwen3_5")
+    model, _ = shared_family_model("qwen3_5")
     assert why_not_draftable(make_prompt_cache(model)) is None

@@ -14,7 +14,6 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlx_lm
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
@@ -30,6 +29,7 @@ from stable_prefix.engine_patch.disk.snapshot_file import read_header
 from stable_prefix.engine_patch.disk.tiered_cache import TieredCache
 from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
 from tests.support.family_chat import FAMILY_MODELS, ORIGINAL_STREAM_GENERATE, chat_head, greedy, prompt, resume_position, served
+from tests.support.family_models import fresh_family_model
 from tests.support.models import require_model
 
 RAM_BUDGET = DISK_BUDGET = 256 * 2**20
@@ -60,7 +60,7 @@ class Family:
 @pytest.fixture(scope="module", params=["qwen3_5", *(pytest.param(f, marks=pytest.mark.slow) for f in SLOW_FAMILIES)])
 def family(request) -> Family:
     model_dir = require_model(FAMILY_MODELS[request.param])
-    model, tokenizer = mlx_lm.load(str(model_dir))
+    model, tokenizer = fresh_family_model(request.param)  # its own: the disk tier identifies it
     return Family(request.param, model_dir, model, tokenizer, bool(positional_indices(make_prompt_cache(model))), chat_head(tokenizer))
 
 

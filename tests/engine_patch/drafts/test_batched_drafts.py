@@ -7,26 +7,16 @@ likeliest tokens follow the target's distribution (a chi-square test against the
 
 from __future__ import annotations
 
-import mlx_lm
 import pytest
 
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
-from tests.support.family_chat import FAMILY_MODELS, prompt
-from tests.support.models import require_model
+from tests.support.family_chat import prompt
+from tests.support.family_models import FAMILIES, shared_family_model
 from tests.support.scripted_drafts import by_prompt, noisy_reference
 
-FAMILIES = ("qwen2", "qwen3_5", "nemotron_h", "gpt_oss", "gemma3_text")
 STEP = 64
 ANSWER = 24
-
-_loaded: dict[str, tuple] = {}
-
-
-def load(family: str):
-    if family not in _loaded:
-        _loaded[family] = mlx_lm.load(str(require_model(FAMILY_MODELS[family])))
-    return _loaded[family]
 
 
 def overlapping(tokenizer) -> list[Arrival]:
@@ -54,7 +44,7 @@ def served(model, tokenizer, arrivals, drafting=None):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_with_rows_drafting_beside_rows_not_equal_the_batched_engine_without_drafts(family):
-    model, tokenizer = load(family)
+    model, tokenizer = shared_family_model(family)
     arrivals = overlapping(tokenizer)
     reference = served(model, tokenizer, arrivals)
     drafting = drafts_for(tokenizer, arrivals, reference, {"main-1", "sub-1", "main-3"}, kept=0.7)  # the title drafts nothing
@@ -67,7 +57,7 @@ def test_greedy_tokens_with_rows_drafting_beside_rows_not_equal_the_batched_engi
 
 
 def test_a_row_whose_token_limit_falls_inside_a_confirmed_run_reports_no_token_past_it():
-    model, tokenizer = load("qwen2")
+    model, tokenizer = shared_family_model("qwen2")
     arrivals = [Arrival(0, "short", prompt(tokenizer, "main", 1), max_tokens=5), Arrival(0, "long", prompt(tokenizer, "subagent", 1), max_tokens=ANSWER)]
     reference = served(model, tokenizer, arrivals)
     drafting = drafts_for(tokenizer, arrivals, served(model, tokenizer, [Arrival(0, "short", arrivals[0].prompt, max_tokens=ANSWER), arrivals[1]]),
@@ -78,7 +68,7 @@ def test_a_row_whose_token_limit_falls_inside_a_confirmed_run_reports_no_token_p
 
 @pytest.mark.parametrize("family", ("qwen2", "qwen3_5"))
 def test_a_row_with_a_repetition_penalty_decodes_beside_drafting_rows_without_drafts_and_is_counted(family):
-    model, tokenizer = load(family)  # on the hybrid, the penalised row rides along at the drafting rows' width
+    model, tokenizer = shared_family_model(family)  # on the hybrid, the penalised row rides along at the drafting rows' width
     arrivals = [Arrival(0, "main-1", prompt(tokenizer, "main", 1), max_tokens=ANSWER),
                 Arrival(0, "penalised", prompt(tokenizer, "subagent", 1), max_tokens=ANSWER, repetition_penalty=1.3)]
     reference = served(model, tokenizer, arrivals)
@@ -101,7 +91,7 @@ def test_sampled_rows_drafting_follow_the_target_s_distribution_at_every_drafted
 
     # Float32 weights (no exact ties at the min-p threshold); a hybrid, so rows feed the full width and
     # a row cut short puts its recurrent state back.
-    model, tokenizer = load("qwen3_5")
+    model, tokenizer = shared_family_model("qwen3_5")
     text = "x = 1\n"
     prompt_ids = tokenizer.encode(text)
     probabilities, most_likely = continuation_probabilities(model, prompt_ids, lambda logprobs: apply_min_p(logprobs, MIN_P), SAMPLED_DEPTH,

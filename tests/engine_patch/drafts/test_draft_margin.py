@@ -7,8 +7,9 @@ model cast to bfloat16, whose flat random logits tie often, where drafts without
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
-import mlx_lm
 import pytest
 from mlx_lm.sample_utils import make_sampler
 
@@ -16,26 +17,25 @@ from stable_prefix.engine_patch.cache.request_plan import prompt_token_ids
 from stable_prefix.engine_patch.drafts import verification
 from stable_prefix.engine_patch.drafts.drafting import Drafting
 from stable_prefix.engine_patch.drafts.verification import argmax_sampler, decided_run, decisive, greedy, margin_bound
-from tests.engine_patch.drafts.test_drafted_generation import drafted_stream_generate
 from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
-from tests.support.family_chat import FAMILY_MODELS, ORIGINAL_STREAM_GENERATE
-from tests.support.models import require_model
+from tests.support.drafted_stream_generate import drafted_stream_generate
+from tests.support.family_chat import ORIGINAL_STREAM_GENERATE
+from tests.support.family_models import FAMILIES, fresh_family_model, shared_family_model
 from tests.support.scripted_drafts import by_prompt, noisy_reference, scripted
 
-FAMILIES = ("qwen2", "qwen3_5", "nemotron_h", "gpt_oss", "gemma3_text")
 PROMPTS = 8
 ANSWER_TOKENS = 32
+# make test runs the engines' tests on every family; the fast loop (make test-fast, 5 minutes for the whole loop) on
+# plain attention (qwen2) and a hybrid whose cut drafts put recurrent state back (qwen3_5), since each further family
+# costs the same forwards again (every family took this file 4.7 min of the loop's 6).
+FAST_FAMILIES = ("qwen2", "qwen3_5")
+EVERY_FAMILY = [family if family in FAST_FAMILIES else pytest.param(family, marks=pytest.mark.slow) for family in FAMILIES]
+# Deciding every drafted position again doubles the forwards: the fast loop does it on the hybrid alone.
+HYBRID_FAST = [family if family == "qwen3_5" else pytest.param(family, marks=pytest.mark.slow) for family in FAMILIES]
 
 
 def texts(count: int = PROMPTS) -> list[str]:
     return [f"item {index}: " + " ".join(f"w{(index * 7 + word) % 13}" for word in range(40)) for index in range(count)]
-
-
-def load(family: str, dtype=None):
-    model, tokenizer = mlx_lm.load(str(require_model(FAMILY_MODELS[family])))
-    if dtype is not None:
-        model.set_dtype(dtype)
-    return model, tokenizer
 
 
 def logprobs_with_lead(lead: float, dtype=mx.float32) -> mx.array:
@@ -86,50 +86,57 @@ def test_greedy_samplers_are_recognised_and_sampling_ones_are_not():
 # --- SimpleEngine's drafted decode ---------------------------------------------------------------
 
 
-def simple_answers(model, tokenizer, drafted: bool, kept: float = 0.8) -> tuple[list[list[int]], dict]:
-    """Greedy answers to every prompt, without drafts or with drafts of the reference (tokens changed at random)."""
+def simple_reference_answers(model, tokenizer) -> list[list[int]]:
+    """Greedy answers to every prompt, without drafts."""
+    return [[r.token for r in ORIGINAL_STREAM_GENERATE(model, tokenizer, prompt_token_ids(tokenizer, text), ANSWER_TOKENS,
+                                                       sampler=make_sampler(temp=0.0))] for text in texts()]
+
+
+@functools.cache
+def simple_reference(family: str) -> list[list[int]]:
+    """The shared model's answers without drafts, decoded once for every test of its family (greedy: always the same)."""
+    return simple_reference_answers(*shared_family_model(family))
+
+
+def simple_answers(model, tokenizer, references: list[list[int]], kept: float = 0.8) -> tuple[list[list[int]], dict]:
+    """Greedy answers to every prompt with drafts of its reference answer (tokens changed at random)."""
     answers, totals = [], {"draft_near_ties": 0, "decode_steps": 0, "decode_tokens": 0, "draft_accepted": 0}
-    for index, text in enumerate(texts()):
-        prompt = prompt_token_ids(tokenizer, text)
-        reference = [r.token for r in ORIGINAL_STREAM_GENERATE(model, tokenizer, prompt, ANSWER_TOKENS, sampler=make_sampler(temp=0.0))]
-        if not drafted:
-            answers.append(reference)
-            continue
+    for index, (text, reference) in enumerate(zip(texts(), references)):
         drafting = Drafting("on", proposer=scripted(noisy_reference(reference, kept=kept, seed=index)))
         with drafted_stream_generate(drafting) as generate:
-            answers.append([r.token for r in generate(model, tokenizer, prompt, ANSWER_TOKENS, sampler=make_sampler(temp=0.0))])
+            answers.append([r.token for r in generate(model, tokenizer, prompt_token_ids(tokenizer, text), ANSWER_TOKENS,
+                                                      sampler=make_sampler(temp=0.0))])
         figures = drafting.stats.figures()
         for name in totals:
             totals[name] += figures[name]
     return answers, totals
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", EVERY_FAMILY)
 def test_simple_engine_greedy_answers_with_drafts_equal_those_without_on_every_prompt(family):
-    model, tokenizer = load(family)
-    reference, _ = simple_answers(model, tokenizer, drafted=False)
-    drafted, totals = simple_answers(model, tokenizer, drafted=True)
+    reference = simple_reference(family)
+    drafted, totals = simple_answers(*shared_family_model(family), reference)
     assert drafted == reference
     assert totals["draft_accepted"] > 0, totals
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", HYBRID_FAST)
 def test_simple_engine_deciding_every_drafted_position_again_alone_answers_the_same(family, monkeypatch):
-    model, tokenizer = load(family)
-    reference, _ = simple_answers(model, tokenizer, drafted=False)
+    reference = simple_reference(family)
     monkeypatch.setattr(verification, "MARGIN_FACTOR", float("inf"))  # every position a near tie
-    drafted, totals = simple_answers(model, tokenizer, drafted=True)
+    drafted, totals = simple_answers(*shared_family_model(family), reference)
     assert drafted == reference
     assert totals["draft_near_ties"] > 0 and totals["decode_steps"] > totals["decode_tokens"], totals
 
 
+@pytest.mark.slow  # needs many answers to meet its ties: three passes over every prompt
 def test_simple_engine_on_a_model_whose_logits_tie_often_drafts_without_the_rule_answer_otherwise_and_with_it_the_same(monkeypatch):
-    model, tokenizer = load("nemotron_h", mx.bfloat16)  # a chunked Mamba2 scan against one-token updates, in bfloat16
-    reference, _ = simple_answers(model, tokenizer, drafted=False)
+    model, tokenizer = fresh_family_model("nemotron_h", mx.bfloat16)  # a chunked Mamba2 scan against one-token updates, in bfloat16
+    reference = simple_reference_answers(model, tokenizer)
     with monkeypatch.context() as without_rule:
         without_rule.setattr(verification, "MARGIN_FACTOR", -1.0)
-        unguarded, _ = simple_answers(model, tokenizer, drafted=True)
-    guarded, totals = simple_answers(model, tokenizer, drafted=True)
+        unguarded, _ = simple_answers(model, tokenizer, reference)
+    guarded, totals = simple_answers(model, tokenizer, reference)
     assert unguarded != reference  # the failure the rule is for
     assert sum(a == b for a, b in zip(guarded, reference)) > sum(a == b for a, b in zip(unguarded, reference))
     assert totals["draft_near_ties"] > 0, totals
@@ -138,33 +145,41 @@ def test_simple_engine_on_a_model_whose_logits_tie_often_drafts_without_the_rule
 # --- the batched engine ----------------------------------------------------------------------------
 
 
-def batched_answers(model, tokenizer, drafted: bool, kept: float = 0.8):
-    """Every prompt in flight together (two waves), greedy; with drafts, each drafting its reference answer."""
-    arrivals = [Arrival(0 if index < PROMPTS // 2 else 5, f"r{index}", text, max_tokens=ANSWER_TOKENS) for index, text in enumerate(texts())]
+def arrivals() -> list[Arrival]:
+    """Every prompt in flight together (two waves)."""
+    return [Arrival(0 if index < PROMPTS // 2 else 5, f"r{index}", text, max_tokens=ANSWER_TOKENS) for index, text in enumerate(texts())]
+
+
+@functools.cache
+def batched_reference(family: str) -> dict[str, list[int]]:
+    """The batched engine's greedy answers without drafts on the shared model, served once for every test of its family."""
+    model, tokenizer = shared_family_model(family)
     with batched_seams() as seams:
-        reference = serve(scheduler(model, tokenizer, prefill_step_size=64), arrivals, seams)
-    if not drafted:
-        return reference.tokens, None
-    continuations = {tuple(tokenizer.encode(arrival.prompt)): noisy_reference(reference.tokens[arrival.request_id], kept, seed=index)
-                     for index, arrival in enumerate(arrivals)}
+        return serve(scheduler(model, tokenizer, prefill_step_size=64), arrivals(), seams).tokens
+
+
+def batched_answers(family: str, kept: float = 0.8) -> tuple[dict[str, list[int]], dict]:
+    """The batched engine's greedy answers with drafts, each request drafting its reference answer (tokens changed at random)."""
+    model, tokenizer = shared_family_model(family)
+    reference = batched_reference(family)
+    continuations = {tuple(tokenizer.encode(arrival.prompt)): noisy_reference(reference[arrival.request_id], kept, seed=index)
+                     for index, arrival in enumerate(arrivals())}
     drafting = Drafting("on", proposer=by_prompt(continuations))
     with batched_seams(drafting=drafting) as seams:
-        ours = serve(scheduler(model, tokenizer, prefill_step_size=64), arrivals, seams)
-    return (reference.tokens, ours.tokens), drafting.stats.figures()
+        ours = serve(scheduler(model, tokenizer, prefill_step_size=64), arrivals(), seams)
+    return ours.tokens, drafting.stats.figures()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", EVERY_FAMILY)
 def test_batched_engine_greedy_answers_with_drafts_equal_those_without_on_every_prompt(family):
-    model, tokenizer = load(family)
-    (reference, drafted), figures = batched_answers(model, tokenizer, drafted=True)
-    assert drafted == reference
+    drafted, figures = batched_answers(family)
+    assert drafted == batched_reference(family)
     assert figures["draft_accepted"] > 0, figures
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", HYBRID_FAST)
 def test_batched_engine_deciding_every_drafted_position_again_alone_answers_the_same(family, monkeypatch):
-    model, tokenizer = load(family)
     monkeypatch.setattr(verification, "MARGIN_FACTOR", float("inf"))
-    (reference, drafted), figures = batched_answers(model, tokenizer, drafted=True)
-    assert drafted == reference
+    drafted, figures = batched_answers(family)
+    assert drafted == batched_reference(family)
     assert figures["draft_near_ties"] + figures["draft_near_ties_taken_wide"] > 0, figures

@@ -6,50 +6,20 @@ touch decode as mlx-lm does (counted), and a compute-bound verify-cost curve dra
 
 from __future__ import annotations
 
-import contextlib
-import sys
-
-import mlx_lm
 import pytest
 from mlx_lm.sample_utils import apply_top_k, make_logits_processors, make_sampler
 
-from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.cache.request_plan import prompt_token_ids
 from stable_prefix.engine_patch.drafts.cost_gate import VerifyCostCurve
 from stable_prefix.engine_patch.drafts.drafting import Drafting
-from stable_prefix.engine_patch.vllm_mlx.simple import drafted_generation
-from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
-from stable_prefix.engine_patch.vllm_mlx.simple.drafted_generation import DraftedGeneration
-from tests.support.family_chat import FAMILY_MODELS, ORIGINAL_STREAM_GENERATE
-from tests.support.models import require_model
+from tests.support.drafted_stream_generate import drafted_stream_generate
+from tests.support.family_chat import ORIGINAL_STREAM_GENERATE
+from tests.support.family_models import FAMILIES, shared_family_model
 from tests.support.scripted_drafts import noisy_reference, scripted
 
-FAMILIES = ("qwen2", "qwen3_5", "nemotron_h", "gpt_oss", "gemma3_text")
 # Past the tiny models' 64-token sliding windows, so drafts are verified and cut back in wrapped windows.
 PROMPT = "def add(a, b):\n    return a + b\n\n" * 4
 ANSWER_TOKENS = 40
-
-_loaded: dict[str, tuple] = {}
-
-
-def load(family: str):
-    if family not in _loaded:
-        _loaded[family] = mlx_lm.load(str(require_model(FAMILY_MODELS[family])))
-    return _loaded[family]
-
-
-@contextlib.contextmanager
-def drafted_stream_generate(drafting: Drafting):
-    """mlx_lm.stream_generate with the prefix cache and drafts, layered as simple_engine.install does;
-    mlx-lm's generate_step as shipped again afterwards."""
-    generate_module = sys.modules["mlx_lm.generate"]  # `mlx_lm.generate` is also a function's name
-    shipped = generate_module.generate_step
-    drafted_generation.install(drafting)
-    try:
-        yield DraftedGeneration(CachedGeneration(ORIGINAL_STREAM_GENERATE, RamTier(budget_bytes=256 * 2**20)), drafting)
-    finally:
-        generate_module.generate_step = shipped
-
 
 def answer(generate, model, tokenizer, max_tokens: int = ANSWER_TOKENS, **kwargs) -> list[int]:
     kwargs.setdefault("sampler", make_sampler(temp=0.0))
@@ -62,7 +32,7 @@ def without_drafts(model, tokenizer, **kwargs) -> list[int]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_answers_with_drafts_cut_short_at_every_depth_equal_those_without(family):
-    model, tokenizer = load(family)
+    model, tokenizer = shared_family_model(family)
     reference = without_drafts(model, tokenizer)
     drafting = Drafting("on", proposer=scripted(noisy_reference(reference, kept=0.75)))
     with drafted_stream_generate(drafting) as generate:
@@ -74,7 +44,7 @@ def test_greedy_answers_with_drafts_cut_short_at_every_depth_equal_those_without
 
 
 def test_drafts_from_the_answer_s_own_repetition_cut_the_forward_passes_and_keep_the_answer():
-    model, tokenizer = load("qwen2")  # its greedy answer to this prompt repeats itself
+    model, tokenizer = shared_family_model("qwen2")  # its greedy answer to this prompt repeats itself
     prompt = prompt_token_ids(tokenizer, "hello " * 20)
     reference = [r.token for r in ORIGINAL_STREAM_GENERATE(model, tokenizer, prompt, 60, sampler=make_sampler(temp=0.0))]
     drafting = Drafting("on")  # the real suffix proposer
@@ -86,7 +56,7 @@ def test_drafts_from_the_answer_s_own_repetition_cut_the_forward_passes_and_keep
 
 
 def test_a_consumer_stopping_inside_a_drafted_run_leaves_the_cache_holding_what_it_was_given():
-    model, tokenizer = load("qwen3_5")  # recurrent layers: the hardest to roll back
+    model, tokenizer = shared_family_model("qwen3_5")  # recurrent layers: the hardest to roll back
     reference = without_drafts(model, tokenizer)
     drafting = Drafting("on", proposer=scripted(noisy_reference(reference, kept=1.0)))
     with drafted_stream_generate(drafting) as generate:
@@ -101,7 +71,7 @@ def test_a_consumer_stopping_inside_a_drafted_run_leaves_the_cache_holding_what_
 
 
 def test_a_request_with_logits_processors_decodes_as_mlx_lm_does_and_is_counted():
-    model, tokenizer = load("qwen2")
+    model, tokenizer = shared_family_model("qwen2")
     processors = make_logits_processors(repetition_penalty=1.3)
     reference = without_drafts(model, tokenizer, logits_processors=processors)
     drafting = Drafting("on", proposer=scripted(noisy_reference(reference)))
@@ -114,7 +84,7 @@ def test_a_request_with_logits_processors_decodes_as_mlx_lm_does_and_is_counted(
 
 
 def test_auto_on_a_compute_bound_curve_proposes_nothing_and_counts_one_step_per_token():
-    model, tokenizer = load("qwen2")
+    model, tokenizer = shared_family_model("qwen2")
     reference = without_drafts(model, tokenizer)
     proposals = []
     drafting = Drafting("auto", proposer=scripted(lambda generated, count: proposals.append(count) or reference[len(generated):][:count]))
@@ -143,7 +113,7 @@ def test_sampled_answers_with_drafts_follow_the_target_s_distribution_at_every_d
     detokenizer_map.install()  # as the server runs: no 151K-entry token map rebuilt per request
     # Float32 weights: the top two are never an exact tie (in float16 they can be, and either may be drawn).
     # A hybrid: a draft cut short puts its recurrent state back, the path with the most to get wrong.
-    model, tokenizer = load("qwen3_5")
+    model, tokenizer = shared_family_model("qwen3_5")
     prompt = prompt_token_ids(tokenizer, "hello hello")
     # stream_generate ends an answer at an end token (it hands that token out last).
     probabilities, most_likely = continuation_probabilities(model, prompt, lambda logprobs: apply_top_k(logprobs, TOP_K), DEPTH,

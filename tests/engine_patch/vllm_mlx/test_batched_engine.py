@@ -7,29 +7,18 @@ from __future__ import annotations
 
 import logging
 
-import mlx_lm
 import pytest
 
 from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
 from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
 from stable_prefix.engine_patch.cache.shared_prefill import MIN_SHARED_TOKENS
 from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
-from tests.support.family_chat import FAMILY_MODELS, chat_head, prompt, resume_position
-from tests.support.models import require_model
+from tests.support.family_chat import chat_head, prompt, resume_position
+from tests.support.family_models import FAMILIES, shared_family_model
 
 # Small prefill chunks, so a prompt takes several steps and requests overlap in the batch.
 STEP = 64
-FAMILIES = ("qwen2", "qwen3_5", "gpt_oss", "gemma3_text", "nemotron_h")
 HYBRIDS = ("qwen3_5", "nemotron_h")
-
-
-_loaded: dict[str, tuple] = {}
-
-
-def load(family: str):
-    if family not in _loaded:
-        _loaded[family] = mlx_lm.load(str(require_model(FAMILY_MODELS[family])))
-    return _loaded[family]
 
 
 def reference(model, tokenizer, arrivals: list[Arrival]):
@@ -62,7 +51,7 @@ def lanes(tokenizer) -> list[Arrival]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_with_our_cache_equal_the_batched_engine_without_it_on_overlapping_lanes(family, block_tokens):
     """With small blocks too: a restore then concatenates many blocks, some used in part."""
-    model, tokenizer = load(family)
+    model, tokenizer = shared_family_model(family)
     arrivals = lanes(tokenizer)
     expected = reference(model, tokenizer, arrivals)
     with batched_seams(block_tokens=block_tokens) as seams:
@@ -87,7 +76,7 @@ def fan_out(tokenizer, step: int = 0) -> list[Arrival]:
 
 @pytest.mark.parametrize("family", ("qwen2", "qwen3_5"))
 def test_a_fan_out_group_arriving_together_prefills_its_shared_head_once(family):
-    model, tokenizer = load(family)
+    model, tokenizer = shared_family_model(family)
     arrivals = fan_out(tokenizer)
     expected = reference(model, tokenizer, arrivals)
     with batched_seams() as seams:
@@ -102,7 +91,7 @@ def test_a_fan_out_group_arriving_together_prefills_its_shared_head_once(family)
 
 @pytest.mark.parametrize("family", ("qwen2", "qwen3_5"))
 def test_a_request_arriving_while_another_prefills_their_shared_prefix_waits_for_it(family):
-    model, tokenizer = load(family)
+    model, tokenizer = shared_family_model(family)
     first, second, _ = fan_out(tokenizer)
     arrivals = [first, Arrival(2, second.request_id, second.prompt)]  # the first is two chunks in
     expected = reference(model, tokenizer, arrivals)
@@ -113,7 +102,7 @@ def test_a_request_arriving_while_another_prefills_their_shared_prefix_waits_for
 
 
 def test_a_request_arriving_after_another_prefilled_past_their_shared_prefix_takes_it_from_that_state():
-    model, tokenizer = load("qwen2")  # plain attention: a state can be rewound to the shared part
+    model, tokenizer = shared_family_model("qwen2")  # plain attention: a state can be rewound to the shared part
     first, second, _ = fan_out(tokenizer)
     arrivals = [Arrival(0, first.request_id, first.prompt, max_tokens=40), Arrival(30, second.request_id, second.prompt)]
     expected = reference(model, tokenizer, arrivals)
@@ -142,7 +131,7 @@ def prefill_steps(monkeypatch) -> list[list[int]]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_prompts_of_different_lengths_in_flight_prefill_together_and_answer_as_alone(family, prefill_steps):
-    model, tokenizer = load(family)
+    model, tokenizer = shared_family_model(family)
     arrivals = [Arrival(0, "title", prompt(tokenizer, "title", 1, system="Write a five-word title.")),
                 Arrival(0, "main", prompt(tokenizer, "main", 3)), Arrival(0, "sub", prompt(tokenizer, "subagent", 5))]
     alone = {arrival.request_id: serve(scheduler(model, tokenizer), [arrival]).tokens[arrival.request_id] for arrival in arrivals}
@@ -161,7 +150,7 @@ def two_turns(tokenizer) -> list[Arrival]:
 
 
 def test_a_failing_restore_runs_the_request_uncached_and_counts_a_fallback(monkeypatch, caplog):
-    model, tokenizer = load("qwen2")
+    model, tokenizer = shared_family_model("qwen2")
     arrivals = two_turns(tokenizer)
     expected = reference(model, tokenizer, arrivals)
 
@@ -179,7 +168,7 @@ def test_a_failing_restore_runs_the_request_uncached_and_counts_a_fallback(monke
 
 
 def test_a_failing_snapshot_keeps_the_answers_and_stores_nothing(monkeypatch):
-    model, tokenizer = load("qwen2")
+    model, tokenizer = shared_family_model("qwen2")
     arrivals = two_turns(tokenizer)
     expected = reference(model, tokenizer, arrivals)
 
@@ -195,7 +184,7 @@ def test_a_failing_snapshot_keeps_the_answers_and_stores_nothing(monkeypatch):
 
 
 def test_a_failing_checkpoint_is_counted_and_the_request_goes_on(monkeypatch):
-    model, tokenizer = load("qwen3_5")
+    model, tokenizer = shared_family_model("qwen3_5")
     arrivals = two_turns(tokenizer)
     expected = reference(model, tokenizer, arrivals)
 
@@ -211,7 +200,7 @@ def test_a_failing_checkpoint_is_counted_and_the_request_goes_on(monkeypatch):
 
 
 def test_an_aborted_prefill_stores_nothing_and_the_request_waiting_for_it_goes_on():
-    model, tokenizer = load("qwen2")
+    model, tokenizer = shared_family_model("qwen2")
     first, second, _ = fan_out(tokenizer)
     arrivals = [first, Arrival(1, second.request_id, second.prompt)]
     expected = reference(model, tokenizer, [Arrival(1, second.request_id, second.prompt)])
@@ -234,7 +223,7 @@ def test_an_aborted_prefill_stores_nothing_and_the_request_waiting_for_it_goes_o
 
 @pytest.mark.parametrize("setting", [{"kv_cache_quantization": True}, {"max_kv_size": 512}, {"use_paged_cache": True}])
 def test_a_configuration_whose_caches_ours_does_not_build_keeps_vllm_mlxs_own_prefix_cache(setting):
-    model, tokenizer = load("qwen2")
+    model, tokenizer = shared_family_model("qwen2")
     with batched_seams() as seams:
         kept = scheduler(model, tokenizer, enable_prefix_cache=True, **setting)
         assert kept not in seams.served

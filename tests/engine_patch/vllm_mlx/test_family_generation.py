@@ -3,18 +3,17 @@ process: on interleaved multi-turn lanes and a new conversation, greedy tokens
 equal those of a cold, uncached generation, and every turn after a lane's
 first restores at least its previous prompt up to the generation prompt."""
 
-import mlx_lm
 import pytest
 
 from stable_prefix.engine_patch.cache.ram_tier import RamTier
 from stable_prefix.engine_patch.vllm_mlx.simple.cached_generation import CachedGeneration
-from tests.support.family_chat import FAMILY_MODELS, ORIGINAL_STREAM_GENERATE, greedy, prompt, resume_position, served
-from tests.support.models import require_model
+from tests.support.family_chat import ORIGINAL_STREAM_GENERATE, greedy, prompt, resume_position, served
+from tests.support.family_models import shared_family_model
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", *(pytest.param(family, marks=pytest.mark.slow) for family in ("gpt_oss", "gemma3_text", "nemotron_h"))])
 def loaded(request):
-    return mlx_lm.load(str(require_model(FAMILY_MODELS[request.param])))
+    return shared_family_model(request.param)
 
 
 def test_warm_greedy_tokens_equal_cold_ones_on_interleaved_lanes_and_a_new_conversation(loaded):
