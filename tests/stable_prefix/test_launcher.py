@@ -342,6 +342,18 @@ def requests_of_a_launch(web_stack, arguments: list[str], environment: dict[str,
     return [json.loads(path.read_text()) for path in sorted(set(captures.glob("*.json")) - earlier)]
 
 
+def users_environment(launcher: Launcher, home: Path, **more: str) -> dict[str, str]:
+    """What an agent command runs with: the user's own home, and the stack's state home, where it finds the stack."""
+    return {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home), **more}
+
+
+def assert_each_request_names_the_served_model_within_the_cap(records: list[dict], state: dict, agent: str) -> None:
+    """What every `stable-prefix AGENT` launch owes the stack, whatever the agent's own settings say."""
+    for record in records:
+        assert record["client_body"]["model"] == state["model"], f"{agent} was not told the served model's name"
+        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, f"{agent} asks for more than the stack gives"
+
+
 @pytest.mark.server
 @pytest.mark.slow
 def test_opencode_runs_against_the_stack_with_the_served_model_whatever_the_users_config(web_stack, opencode_binary, tmp_path):
@@ -350,12 +362,11 @@ def test_opencode_runs_against_the_stack_with_the_served_model_whatever_the_user
     (home / ".config" / "opencode").mkdir(parents=True)
     project.mkdir()
     (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps({"model": "some-cloud/big-model"}))
-    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home)}
-    from_opencode = requests_of_a_launch(web_stack, ["opencode", "--opencode", str(opencode_binary), "run", "Say hello."], environment, project)
+    from_opencode = requests_of_a_launch(web_stack, ["opencode", "--opencode", str(opencode_binary), "run", "Say hello."],
+                                         users_environment(launcher, home), project)
     assert from_opencode, "no request of opencode reached the proxy"
+    assert_each_request_names_the_served_model_within_the_cap(from_opencode, state, "opencode")
     for record in from_opencode:
-        assert record["client_body"]["model"] == state["model"], "opencode was not told the served model's name"
-        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "opencode asks for more than the stack gives"
         assert record["request"]["headers"]["user-agent"].startswith("opencode/")
         assert record["response"]["status"] == 200
     # opencode itself adds a "$schema" key to it; the user's settings stay.
@@ -369,13 +380,11 @@ def test_qwen_runs_against_the_stack_with_the_served_model_and_its_settings_writ
     home, project = tmp_path / "home", tmp_path / "project"
     home.mkdir()
     project.mkdir()
-    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home),
-                   "OPENAI_API_KEY": "sk-the-users-own-key", "OPENAI_BASE_URL": "https://api.example.invalid/v1"}
+    environment = users_environment(launcher, home, OPENAI_API_KEY="sk-the-users-own-key", OPENAI_BASE_URL="https://api.example.invalid/v1")
     from_qwen = requests_of_a_launch(web_stack, ["qwen", "--qwen", str(qwen_cli), "Say hello."], environment, project)
     assert from_qwen, "no request of Qwen Code reached the proxy (not the user's OPENAI_BASE_URL)"
+    assert_each_request_names_the_served_model_within_the_cap(from_qwen, state, "Qwen Code")
     for record in from_qwen:
-        assert record["client_body"]["model"] == state["model"], "Qwen Code was not told the served model's name"
-        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "Qwen Code asks for more than the stack gives"
         assert record["request"]["headers"]["user-agent"].startswith("QwenCode/")
     settings = launcher.state_path.with_name(f"qwen-settings-{launcher.port}.json")
     assert json.loads(settings.read_text())["privacy"] == {"usageStatisticsEnabled": False}
@@ -395,12 +404,10 @@ def test_pi_runs_against_the_stack_with_the_served_model_and_leaves_the_users_pi
                  "settings.json": json.dumps({"defaultProvider": "my-cloud", "defaultModel": "big-model"})}
     for name, text in users_own.items():
         (agent_folder / name).write_text(text)
-    environment = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(launcher.state_home)}
-    from_pi = requests_of_a_launch(web_stack, ["pi", "--pi", str(pi_cli), "-p", "Say hello."], environment, project)
+    from_pi = requests_of_a_launch(web_stack, ["pi", "--pi", str(pi_cli), "-p", "Say hello."], users_environment(launcher, home), project)
     assert from_pi, "no request of Pi reached the proxy (not the user's default provider)"
+    assert_each_request_names_the_served_model_within_the_cap(from_pi, state, "Pi")
     for record in from_pi:
-        assert record["client_body"]["model"] == state["model"], "Pi was not told the served model's name"
-        assert record["client_body"]["max_tokens"] <= ANSWER_TOKENS, "Pi asks for more than the stack gives"
         assert record["request"]["headers"]["session_id"], "the provider did not turn on Pi's session header"
         assert record["response"]["status"] == 200
     assert {name: (agent_folder / name).read_text() for name in users_own} == users_own
