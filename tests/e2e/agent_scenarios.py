@@ -23,7 +23,7 @@ import pytest
 from stable_prefix.agents.driver import AgentDriver
 from stable_prefix.agents.scratch_project import ScratchProject
 from tests.support import agent_stack
-from tests.support.agent_stack import Stack
+from tests.support.agent_stack import Stack, assert_reuse_grows_with_every_turn
 from tests.support.agent_turns import (
     AFTER_MIDNIGHT,
     BEFORE_MIDNIGHT,
@@ -124,10 +124,8 @@ class ContinuedTurns(AgentCase):
         self.prepare_tool_turn(agent.project)
         stack.script([self.read_step(agent.project, self.TOOL_TURN_FILE)])
         started = time.monotonic()
-        reused_after_each_turn = []
-        for index, prompt in enumerate(self.TOOL_TURN_PROMPTS):
-            run(agent, prompt, continue_conversation=index > 0)
-            reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
+        reused_after_each_turn = stack.reused_after_each_turn(
+            self.TOOL_TURN_PROMPTS, lambda index, prompt: run(agent, prompt, continue_conversation=index > 0))
         turns = finished(stack, f"{self.COMMAND}, a tool turn, then --continue", started, capsys)
         main = lane_turns(turns, "main")
         warm, cold = warm_and_shipped_answers(stack, tmp_path, main[-1].arrived["request"])
@@ -141,7 +139,7 @@ class ContinuedTurns(AgentCase):
         self.assert_tool_step_reuses(main[1], main[0])
         for previous, turn in zip(main[1:], main[2:]):
             assert_reuses_the_previous_prompt(previous, turn)
-        assert all(later > earlier for earlier, later in zip(reused_after_each_turn, reused_after_each_turn[1:]))
+        assert_reuse_grows_with_every_turn(reused_after_each_turn)
         assert all(turn.diagnosis["prefix_kept"] for turn in main[1:])
         self.assert_continued_turns_kept_by_the_rules(main)
         assert warm == cold, "the answer served from the cache differs from vllm-mlx's as shipped"

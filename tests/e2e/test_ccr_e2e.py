@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from stable_prefix.agents import claude_code, claude_code_router
-from tests.support.agent_stack import Stack, running_stack
+from tests.support.agent_stack import Stack, assert_reuse_grows_with_every_turn, running_stack
 from tests.support.models import require_model
 from tests.support.processes import free_port
 
@@ -63,12 +63,12 @@ def cached_tokens(usage: dict) -> int:
 
 
 def test_a_multi_turn_conversation_through_the_router_reuses_its_prefix_and_never_sends_the_billing_line(stack, router, capsys):
-    started = time.monotonic()
-    reused_after_each_turn = []
-    for index, prompt in enumerate(TURNS):
+    def ccr_code(index: int, prompt: str) -> None:
         result = router.code(prompt, continue_conversation=index > 0, timeout=TURN_TIMEOUT_S)
         assert result.returncode == 0, f"ccr code turn {index + 1} failed:\n{result.stdout}\n{result.stderr}"
-        reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
+
+    started = time.monotonic()
+    reused_after_each_turn = stack.reused_after_each_turn(TURNS, ccr_code)
     stack.wait_until_quiet(timeout=TURN_TIMEOUT_S)
     arrived, captures = stack.arrived(), stack.captures()
     with capsys.disabled():  # the run's evidence, shown when it passes too
@@ -93,5 +93,4 @@ def test_a_multi_turn_conversation_through_the_router_reuses_its_prefix_and_neve
     for record in arrived[1:]:  # in the order they arrived: every request but the cold first one
         usage = record["usage"]
         assert cached_tokens(usage) >= MIN_REUSED_SHARE * usage["prompt_tokens"], f"a warm request reused too little: {usage}"
-    assert all(later > earlier for earlier, later in zip(reused_after_each_turn, reused_after_each_turn[1:])), (
-        f"tokens_reused must grow with every warm turn: {reused_after_each_turn}")
+    assert_reuse_grows_with_every_turn(reused_after_each_turn)

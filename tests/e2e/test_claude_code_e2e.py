@@ -32,7 +32,7 @@ import pytest
 
 from stable_prefix.agents import claude_code
 from tests.support import agent_stack
-from tests.support.agent_stack import Stack
+from tests.support.agent_stack import Stack, assert_reuse_grows_with_every_turn
 from tests.support.processes import REPO_ROOT
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -187,12 +187,13 @@ def one_scripted_turn(claude: claude_code.ClaudeCode, stack: Stack, prompt: str,
 def test_print_mode_conversation_reuses_the_cache_on_every_continued_turn(stack: Stack, claude_binary: Path,
                                                                            tmp_path: Path, capsys) -> None:
     claude = claude_code.ClaudeCode(claude_binary, claude_code.create_sandbox(tmp_path / "claude"), stack.proxy.url)
-    started = time.monotonic()
-    reused_after_each_turn = []
-    for index, prompt in enumerate(PRINT_MODE_TURNS):
+
+    def claude_print(index: int, prompt: str) -> None:
         result = claude.print_turn(prompt, continue_conversation=index > 0, timeout=COLD_TURN_TIMEOUT_S)
         assert result.returncode == 0, f"claude -p turn {index + 1} failed:\n{result.stdout}\n{result.stderr}"
-        reused_after_each_turn.append(stack.cache_stats()["tokens_reused"])
+
+    started = time.monotonic()
+    reused_after_each_turn = stack.reused_after_each_turn(PRINT_MODE_TURNS, claude_print)
     stack.wait_until_quiet(timeout=COLD_TURN_TIMEOUT_S)  # the proxy and the door write their records as the stream ends, maybe after claude exits
     turns = collect_turns(stack)
     with capsys.disabled():  # the table is the run's evidence: show it even when the test passes
@@ -204,8 +205,7 @@ def test_print_mode_conversation_reuses_the_cache_on_every_continued_turn(stack:
     assert_no_system_message_reached_the_engine_mid_conversation(turns)
     assert_requests_fit_the_server(turns)
     assert_every_later_request_of_a_lane_is_warm(turns)
-    assert all(later > earlier for earlier, later in zip(reused_after_each_turn, reused_after_each_turn[1:])), (
-        f"tokens_reused must grow with every warm turn: {reused_after_each_turn}")
+    assert_reuse_grows_with_every_turn(reused_after_each_turn)
 
 
 def test_interactive_session_keeps_title_requests_in_their_own_lane(stack: Stack, claude_binary: Path,

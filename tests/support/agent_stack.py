@@ -16,7 +16,7 @@ import contextlib
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +52,15 @@ class Stack:
         with urllib.request.urlopen(f"{self.engine.url}/v1/cache/stats", timeout=10) as response:
             return json.load(response)
 
+    def reused_after_each_turn(self, prompts: list[str], run_turn: Callable[[int, str], None]) -> list[int]:
+        """Runs a conversation's turns in order, `run_turn(index, prompt)` each (index 0 starts it, the rest continue
+        it); the engine's tokens_reused after each turn (`assert_reuse_grows_with_every_turn`)."""
+        reused = []
+        for index, prompt in enumerate(prompts):
+            run_turn(index, prompt)
+            reused.append(self.cache_stats()["tokens_reused"])
+        return reused
+
     def arrived(self) -> list[dict]:
         """Every finished exchange on `api_path`, as the engine's door saw it."""
         if not self.door_record.exists():
@@ -79,6 +88,12 @@ class Stack:
                 return
             time.sleep(0.5)
         raise TimeoutError(f"requests still in flight after {timeout:.0f}s (engine door, captures): {last}")
+
+
+def assert_reuse_grows_with_every_turn(reused_after_each_turn: list[int]) -> None:
+    """Every continued turn reused some of its prompt from the engine's cache, as the engine counts it."""
+    assert all(later > earlier for earlier, later in zip(reused_after_each_turn, reused_after_each_turn[1:])), (
+        f"tokens_reused must grow with every warm turn: {reused_after_each_turn}")
 
 
 @contextlib.contextmanager
