@@ -17,8 +17,9 @@ every message with a special token (ChatML `<|im_start|>`, Gemma
   (system + tools rendered with two different user messages), for templates
   that put the system prompt inside the first user turn (Gemma);
 - where the prompt stopped matching the best stored prefix, at the last
-  message start before it (or right there, inside the first message): the
-  branch point the next sibling request shares.
+  message start before it (or right there, inside the first message, where
+  the state is worth it: `min_branch_tokens`): the branch point the next
+  sibling request shares.
 
 A request keeps few: each is a whole recurrent state (73.7 MiB at the
 Qwen3-Next shape) written to disk once, so a turn of a conversation takes one,
@@ -50,6 +51,29 @@ MESSAGE_START_TOKENS = (
 # `<|start_header_id|>user<|end_header_id|>\n\n` takes four).
 HEADER_TOKENS = 8
 
+# A branch point inside the first message earlier than this is checkpointed only
+# where the positional state costs no more than the KV of the tokens it spares
+# (`min_branch_tokens`).
+MIN_BRANCH_TOKENS = 256
+
+
+def min_branch_tokens(recurrent: bool) -> int:
+    """The earliest branch point inside the first message worth a checkpoint, by what the state costs.
+
+    A recurrent (gated-DeltaNet, Mamba) state is the same size wherever it is
+    taken: 73.7 MiB at the Qwen3-Next shape, the KV of ~3,100 tokens of its 12
+    attention layers (24 KiB a token), written to disk once, to spare the
+    prefill of a few dozen tokens (a title request's or a subagent's system
+    prompt sharing its first line with another's): not below one KV block's
+    worth of tokens. A sliding-window state at position p (below the window)
+    is p tokens of those layers' KV, less than the KV of the p tokens it
+    spares; and that cache cannot be cut back to the branch point, so without
+    its state a new conversation sharing only the head would reuse nothing
+    (Gemma 3): kept wherever it is.
+    """
+    return MIN_BRANCH_TOKENS if recurrent else 0
+
+
 # By tokenizer object, not id(): a tokenizer loaded after another was freed may
 # get its address, and with it the wrong family's message starts.
 _start_ids: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
@@ -74,9 +98,11 @@ def generation_prompt_start(tokens: list[int], start_ids: np.ndarray) -> int:
 
 
 def checkpoint_positions(
-    tokens: list[int], start_ids: np.ndarray, *, after: int, head_length: int | None = None, diverges_at: int = 0
+    tokens: list[int], start_ids: np.ndarray, *, after: int, head_length: int | None = None, diverges_at: int = 0,
+    min_branch_tokens: int = 0,
 ) -> list[int]:
-    """Positions strictly between `after` (already restored) and the prompt's last token."""
+    """Positions strictly between `after` (already restored) and the prompt's last token; a branch point
+    inside the first message only from `min_branch_tokens` on (see `min_branch_tokens()`)."""
     starts = message_starts(tokens, start_ids)
     wanted = set(starts[1:3])
     if starts:
@@ -90,13 +116,12 @@ def checkpoint_positions(
         # previous reply rendered differently from how it was generated, which
         # no later request shares (the next turn resumes at this prompt's
         # generation prompt), so a snapshot there would be written for nothing.
-        # A branch point a few dozen tokens in is kept too: a sliding-window
-        # cache cannot be cut back to it, so without its state a new
-        # conversation sharing only the head reuses nothing (Gemma 3).
+        # A branch point a few dozen tokens in is kept where its state costs
+        # less than what it spares (`min_branch_tokens()`).
         before = [position for position in starts[1:] if after < position <= diverges_at]
         if before:
             wanted.add(before[-1])
-        elif not [position for position in starts[1:] if position <= diverges_at]:
+        elif diverges_at >= min_branch_tokens and not [position for position in starts[1:] if position <= diverges_at]:
             wanted.add(diverges_at)
     positions = sorted(position for position in wanted if after < position < len(tokens))
     return _apart(positions, keep={starts[-1] if starts else None, head_length})

@@ -28,10 +28,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from .cache_layers import UnsupportedCache, check_snapshot_support, positional_indices, snapshot
+from .cache_layers import UnsupportedCache, check_snapshot_support, has_recurrent_state, positional_indices, snapshot
 from .per_model import PerModel
 from .prefix_index import common_prefix_length
-from .prompt_boundaries import checkpoint_positions, generation_prompt_start, message_start_ids
+from .prompt_boundaries import checkpoint_positions, generation_prompt_start, message_start_ids, min_branch_tokens
 from .ram_tier import Checkpoint, Fetched
 from .tier import CacheTier
 
@@ -74,8 +74,9 @@ class PrefixPlanner:
     def __init__(self, cache: CacheTier):
         self.cache = cache
         # Per model object (held weakly: cache/per_model.py): why its cache cannot be snapshotted (None: it can),
-        # and whether it has positional layers to checkpoint.
-        self._support: PerModel[tuple[str | None, bool]] = PerModel()
+        # whether it has positional layers to checkpoint, and the earliest branch point inside the first
+        # message worth its state (`prompt_boundaries.min_branch_tokens`: recurrent state costs more).
+        self._support: PerModel[tuple[str | None, bool, int]] = PerModel()
         # Requests that went uncached on purpose, by reason.
         self.bypassed: dict[str, int] = {}
         # Recently seen chat heads (text -> token ids), least recent first.
@@ -86,20 +87,20 @@ class PrefixPlanner:
         return self._support.setdefault(model, lambda: self._check(model))[0] is None
 
     @staticmethod
-    def _check(model: Any) -> tuple[str | None, bool]:
+    def _check(model: Any) -> tuple[str | None, bool, int]:
         try:
             prompt_cache = make_prompt_cache(model)
             check_snapshot_support(prompt_cache)
-            return None, bool(positional_indices(prompt_cache))
+            return None, bool(positional_indices(prompt_cache)), min_branch_tokens(has_recurrent_state(prompt_cache))
         except UnsupportedCache as reason:
             logger.warning("prefix cache disabled for %s: %s", type(model).__name__, reason)
-            return str(reason), False
+            return str(reason), False, 0
 
     def is_positional(self, model: Any) -> bool:
         return self.supports(model) and self._support.get(model)[1]
 
     def unsupported_reasons(self) -> list[str]:
-        return [reason for reason, _ in self._support.values() if reason]
+        return [reason for reason, *_ in self._support.values() if reason]
 
     def bypass(self, reason: str) -> None:
         """Count a request that runs uncached on purpose."""
@@ -120,7 +121,8 @@ class PrefixPlanner:
             return RequestPlan(tokens, fetched, prompt_length=len(tokens), model=model)
         start_ids = message_start_ids(tokenizer)
         head_length = self._head_length(tokenizer, tokens, head_text)
-        positions = checkpoint_positions(tokens, start_ids, after=fetched.reused, head_length=head_length, diverges_at=fetched.common_prefix)
+        positions = checkpoint_positions(tokens, start_ids, after=fetched.reused, head_length=head_length, diverges_at=fetched.common_prefix,
+                                         min_branch_tokens=self._support.get(model)[2])
         # The next turn repeats the prompt up to its generation prompt (not its
         # thinking tail): an entry is superseded once another repeats that.
         return RequestPlan(tokens, fetched, generation_prompt_start(tokens, start_ids), positions, head_length, model=model)
