@@ -266,7 +266,12 @@ class ServedScheduler:
                 continue
             # Every token reported was fed to the model: the cache holds the prompt and all of them.
             tokens = prefill.plan.tokens + [int(token) for token in request.output_token_ids]
-            self.planner.finish(prefill.plan, tokens, prompt_cache)
+            # The extracted cache is the sequence's own from here on: mlx-lm built it for this response
+            # (slices of the batch's arrays, which MLX never writes into while shared), the batch goes on
+            # without it and vllm-mlx's own prefix cache, the only other reader, is off. So it is kept
+            # live (`live_lane.py`): the next turn of the lane takes it over instead of restoring the blocks;
+            # joining a batch (`BatchKVCache.merge` and kin) copies it, read only.
+            self.planner.finish(prefill.plan, tokens, prompt_cache, ends_request=True)
 
     def left(self, request_id: str, uid: int | None) -> None:
         if uid is not None:

@@ -159,6 +159,7 @@ def test_a_failing_restore_runs_the_request_uncached_and_counts_a_fallback(monke
 
     with batched_seams() as seams, caplog.at_level(logging.WARNING, logger="engine_patch"):
         monkeypatch.setattr("stable_prefix.engine_patch.cache.ram_tier.restore_from_blocks", broken_restore)
+        seams.planner.cache.live.limit = 0  # else turn-3 takes over turn-1's live cache: no restore to fail
         ours = serve(scheduler(model, tokenizer, prefill_step_size=STEP), arrivals, seams)
         stats = seams.planner.cache.stats()
     assert ours.tokens == expected.tokens
