@@ -30,7 +30,7 @@ from stable_prefix.agents.npm_package import AgentUnavailable
 from stable_prefix.pins import Pin
 
 # Its package and pinned version (`stable-prefix doctor` sets it against npm's newest).
-PIN = Pin("Claude Agent SDK", "npm", "@anthropic-ai/claude-agent-sdk", "0.3.333",
+PIN = Pin("Claude Agent SDK", "npm", "@anthropic-ai/claude-agent-sdk", "0.3.335",
           "drives the pinned Claude Code binary (pathToClaudeCodeExecutable)")
 PACKAGE = PIN.package
 VERSION = PIN.version
