@@ -28,6 +28,10 @@ TURN_TIMEOUT_S = 600.0
 # Claude Code continues an answer cut at the cap and fails the turn after a few: a cap well above what SmolLM2 says
 # to a one-word prompt (greedy, at 64 its second answer ran past it in one run).
 ANSWER_TOKENS = 1024
+# SmolLM2 answering Claude Code's 20K-token prompt can fall into a loop that never stops (the prompt names the test's
+# temporary folder, so whether it does changes from run to run): llama-server's repetition penalty ends it. Sampling
+# only: what is reused, the point here, is the same.
+NO_LOOPS = ("--repeat-penalty", "1.3")
 MIN_CONTINUED_REUSE = 0.90
 BILLING_HEADER = "x-anthropic-billing-header"
 
@@ -44,7 +48,7 @@ def stack(tmp_path: Path) -> Iterator[Launcher]:
     with pytest.MonkeyPatch.context() as environment:
         environment.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
         launcher = start_launcher(tmp_path, "--server", "llama.cpp", "--slots", "2", "--slot-context", str(SLOT_CONTEXT),
-                                  "--max-tokens", str(ANSWER_TOKENS), model=SMOLLM2)
+                                  "--max-tokens", str(ANSWER_TOKENS), "--", *NO_LOOPS, model=SMOLLM2)
     try:
         launcher.wait_until_ready()
         yield launcher

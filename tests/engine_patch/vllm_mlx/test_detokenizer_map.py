@@ -15,10 +15,17 @@ def tokenizer():
     return load_tokenizer(require_model())
 
 
+def as_shipped(monkeypatch):
+    """mlx-lm's own getter for this test, whatever an earlier test in this process installed; put back afterwards."""
+    getter = TokenizerWrapper.__dict__["detokenizer"]
+    shipped = getattr(getter.fget, "__wrapped__", None)
+    monkeypatch.setattr(TokenizerWrapper, "detokenizer", getter if shipped is None else property(shipped, doc=getter.__doc__))
+
+
 @pytest.fixture
 def patched(monkeypatch):
-    """Installs the patch for one test; mlx-lm's own getter is put back afterwards."""
-    monkeypatch.setattr(TokenizerWrapper, "detokenizer", TokenizerWrapper.__dict__["detokenizer"])
+    """Installs the patch for one test on mlx-lm's own getter."""
+    as_shipped(monkeypatch)
     assert detokenizer_map.install() == ["mlx-lm detokenizer (token map built once per tokenizer)"]
 
 
@@ -31,8 +38,8 @@ def detokenize(tokenizer, token_ids):
 
 
 def test_text_is_what_mlx_lms_own_detokenizer_produces(tokenizer, monkeypatch):
+    as_shipped(monkeypatch)
     expected = [detokenize(tokenizer, tokenizer.encode(text)) for text in TEXTS]
-    monkeypatch.setattr(TokenizerWrapper, "detokenizer", TokenizerWrapper.__dict__["detokenizer"])
     detokenizer_map.install()
     assert [detokenize(tokenizer, tokenizer.encode(text)) for text in TEXTS] == expected
     assert expected[0] == TEXTS[0]
