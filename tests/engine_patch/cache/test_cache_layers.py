@@ -40,6 +40,7 @@ def test_a_layer_kind_no_tiny_model_has_comes_back_from_its_arrays_as_it_was(kin
     assert cache_core_check.serialized_layer_continues_like_the_original(cache_core_check.LAYER_KINDS[kind])
 
 
+@pytest.mark.slow  # a second mlx-lm in a subprocess, every family loaded there: 44 s, the fast loop's longest (make test runs it)
 def test_a_restored_checkpoint_continues_bit_for_bit_on_mlx_lm_0_32():
     """mlx-lm 0.32 changed the cache API (no meta_state; state carries offsets and padded buffers):
     snapshots, checkpoints and the disk tier's files on it."""
