@@ -115,3 +115,17 @@ def serve(scheduler, arrivals: list[Arrival], seams: BatchedEngineSeams | None =
     cached = {request_id: scheduler.requests[request_id].cached_tokens for request_id in tokens if request_id in scheduler.requests}
     reported = {request_id: context.run(current_request_reuse).reused for request_id, context in contexts.items()}
     return Served(tokens, cached, reported)
+
+
+def served_without_our_cache(model, tokenizer, arrivals: list[Arrival], prefill_step_size: int) -> Served:
+    """The same batched engine without our cache: what every batched test compares with. For models with recurrent
+    layers one prompt per prefill: as shipped, vllm-mlx's default of 8 lets mlx-lm 0.31 feed the right padding of
+    shorter prompts into their recurrent state (tests/engine_patch/vllm_mlx/test_recurrent_padding_fix.py), which
+    ours avoids."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
+
+    one_at_a_time = has_recurrent_state(make_prompt_cache(model))
+    return serve(scheduler(model, tokenizer, prefill_step_size=prefill_step_size, prefill_batch_size=1 if one_at_a_time else 8),
+                 arrivals)

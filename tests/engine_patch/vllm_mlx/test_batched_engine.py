@@ -9,10 +9,9 @@ import logging
 
 import pytest
 
-from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
 from stable_prefix.engine_patch.cache.kv_blocks import BLOCK_TOKENS
 from stable_prefix.engine_patch.cache.shared_prefill import MIN_SHARED_TOKENS
-from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
+from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve, served_without_our_cache
 from tests.support.family_chat import chat_head, prompt, resume_position
 from tests.support.family_models import FAMILIES, shared_family_model
 
@@ -22,13 +21,7 @@ HYBRIDS = ("qwen3_5", "nemotron_h")
 
 
 def reference(model, tokenizer, arrivals: list[Arrival]):
-    """The same batched engine without our cache. For models with recurrent layers one prompt per
-    prefill: as shipped, vllm-mlx's default of 8 lets mlx-lm 0.31 feed the right padding of shorter
-    prompts into their recurrent state (tests/engine_patch/vllm_mlx/test_recurrent_padding_fix.py), which ours avoids."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    one_at_a_time = has_recurrent_state(make_prompt_cache(model))
-    return serve(scheduler(model, tokenizer, prefill_step_size=STEP, prefill_batch_size=1 if one_at_a_time else 8), arrivals)
+    return served_without_our_cache(model, tokenizer, arrivals, prefill_step_size=STEP)
 
 
 def lanes(tokenizer) -> list[Arrival]:

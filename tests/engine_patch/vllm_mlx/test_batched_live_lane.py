@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from stable_prefix.engine_patch.cache.cache_layers import has_recurrent_state
 from stable_prefix.engine_patch.drafts.drafting import Drafting
-from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve
+from tests.support.batched_scheduler import Arrival, batched_seams, scheduler, serve, served_without_our_cache
 from tests.support.family_chat import chat_head, prompt
 from tests.support.family_models import shared_family_model
 from tests.support.scripted_drafts import by_prompt, noisy_reference
@@ -19,12 +18,7 @@ STEP = 64  # small prefill chunks: a prompt takes several steps
 
 
 def reference(model, tokenizer, arrivals: list[Arrival]):
-    """The same batched engine without our cache (one prompt per prefill for recurrent layers: see
-    test_batched_engine.py's reference)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    one_at_a_time = has_recurrent_state(make_prompt_cache(model))
-    return serve(scheduler(model, tokenizer, prefill_step_size=STEP, prefill_batch_size=1 if one_at_a_time else 8), arrivals)
+    return served_without_our_cache(model, tokenizer, arrivals, prefill_step_size=STEP)
 
 
 def one_lane(tokenizer, max_tokens: int = 8) -> list[Arrival]:
